@@ -1,0 +1,18 @@
+"""The additive (MLP) score shared by Bahdanau attention and Luong's concat score."""
+
+from keras import ops
+
+
+def additive_score(projected_query, keys, v, bias=None):
+    """score[b, t, s] = v . tanh(projected_query[b, t] + keys[b, s] (+ bias)).
+
+    Args:
+        projected_query: `[batch, tgt_len, units]`, W_q q.
+        keys: `[batch, src_len, units]`, W_k h (computed once per source).
+        v: `[units]`.
+        bias: optional `[units]` added inside the tanh (the weight-normalised form).
+    """
+    hidden = ops.expand_dims(projected_query, 2) + ops.expand_dims(keys, 1)
+    if bias is not None:
+        hidden = hidden + bias
+    return ops.einsum("btsu,u->bts", ops.tanh(hidden), v)

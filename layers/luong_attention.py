@@ -1,0 +1,74 @@
+"""Luong (multiplicative and concat) attention."""
+
+import keras
+from keras import ops
+
+from layers.additive_score import additive_score
+from layers.source_attention import SourceAttention
+
+SCORES = ("dot", "general", "concat")
+
+
+@keras.saving.register_keras_serializable(package="seq2seq")
+class LuongAttention(SourceAttention):
+    """Luong et al. (2015) attention with one of three score functions.
+
+    - `dot`:     score(q, h) = q^T h (query and memory must have the same size)
+    - `general`: score(q, h) = q^T W h (bilinear; W h is computed once per source)
+    - `concat`:  score(q, h) = v^T tanh(W [q; h]), computed as v^T tanh(W_q q + W_k h)
+
+    Args:
+        score: "dot", "general" or "concat".
+        scale: multiply the score by a learned scalar (initialised to 1).
+        units: hidden size of the concat score; defaults to the query size.
+
+    Shapes: see `SourceAttention`; `context` has the memory's feature size.
+    """
+
+    def __init__(self, score="general", scale=False, units=None, **kwargs):
+        super().__init__(**kwargs)
+        if score not in SCORES:
+            raise ValueError(f"LuongAttention score must be one of {SCORES}, got {score!r}")
+        self.score_name = score
+        self.scale = bool(scale)
+        self.units = None if units is None else int(units)
+
+    def build(self, query_shape, memory_shape, memory_mask_shape=None):
+        query_dim, memory_dim = query_shape[-1], memory_shape[-1]
+        if self.score_name == "dot" and query_dim != memory_dim:
+            raise ValueError(
+                "LuongAttention(score='dot') needs the query and memory sizes to match, got "
+                f"query {query_dim} and memory {memory_dim}; use score='general' instead."
+            )
+        if self.score_name == "general":
+            self.key_projection = keras.layers.Dense(query_dim, use_bias=False, name="key")
+            self.key_projection.build(memory_shape)
+        elif self.score_name == "concat":
+            units = self.units or query_dim
+            self.query_projection = keras.layers.Dense(units, use_bias=False, name="query")
+            self.key_projection = keras.layers.Dense(units, use_bias=False, name="key")
+            self.query_projection.build(query_shape)
+            self.key_projection.build(memory_shape)
+            self.v = self.add_weight(name="v", shape=(units,), initializer="glorot_uniform")
+        if self.scale:
+            self.gain = self.add_weight(name="gain", shape=(), initializer="ones")
+
+    def precompute(self, memory):
+        if self.score_name == "dot":
+            return (memory, memory)
+        return (self.key_projection(memory), memory)
+
+    def score(self, query, memory_cache):
+        keys = memory_cache[0]
+        if self.score_name == "concat":
+            scores = additive_score(self.query_projection(query), keys, self.v)
+        else:
+            scores = ops.einsum("btd,bsd->bts", query, ops.cast(keys, query.dtype))
+        if self.scale:
+            scores = scores * ops.cast(self.gain, scores.dtype)
+        return scores
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(score=self.score_name, scale=self.scale, units=self.units)
+        return config

@@ -1,0 +1,95 @@
+"""Multi-head attention from decoder queries to the encoder memory."""
+
+import math
+
+import keras
+from keras import ops
+
+from layers.masking import masked_softmax
+from layers.source_attention import SourceAttention
+
+
+@keras.saving.register_keras_serializable(package="seq2seq")
+class MultiHeadCrossAttention(SourceAttention):
+    """`num_heads` scaled dot-product attentions over learned projections, concatenated and
+    projected back (Vaswani et al., 2017).
+
+    Args:
+        num_heads: number of heads.
+        key_dim: size of each head's query and key projections.
+        value_dim: size of each head's value projection; defaults to `key_dim`.
+        output_dim: size of the context vector; defaults to the memory's size.
+        use_bias: biases in the projections.
+
+    Shapes: see `SourceAttention`. `weights` are averaged over the heads, so they remain a
+    distribution over the unmasked source positions (each head's weights are one).
+    """
+
+    def __init__(
+        self, num_heads, key_dim, value_dim=None, output_dim=None, use_bias=True, **kwargs
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.key_dim = int(key_dim)
+        self.value_dim_per_head = int(value_dim or key_dim)
+        self.output_dim = None if output_dim is None else int(output_dim)
+        self.use_bias = bool(use_bias)
+
+    def build(self, query_shape, memory_shape, memory_mask_shape=None):
+        heads_keys = self.num_heads * self.key_dim
+        heads_values = self.num_heads * self.value_dim_per_head
+        self.query_projection = keras.layers.Dense(heads_keys, use_bias=self.use_bias, name="query")
+        self.key_projection = keras.layers.Dense(heads_keys, use_bias=self.use_bias, name="key")
+        self.value_projection = keras.layers.Dense(
+            heads_values, use_bias=self.use_bias, name="value"
+        )
+        self.output_projection = keras.layers.Dense(
+            self.value_dim(memory_shape[-1]), use_bias=self.use_bias, name="output"
+        )
+        self.query_projection.build(query_shape)
+        self.key_projection.build(memory_shape)
+        self.value_projection.build(memory_shape)
+        self.output_projection.build(tuple(query_shape[:-1]) + (heads_values,))
+
+    def value_dim(self, memory_dim):
+        return self.output_dim or memory_dim
+
+    def _split_heads(self, x, depth):
+        # [batch, time, heads * depth] -> [batch, time, heads, depth]
+        batch, time = ops.shape(x)[0], ops.shape(x)[1]
+        return ops.reshape(x, (batch, time, self.num_heads, depth))
+
+    def precompute(self, memory):
+        return (
+            self._split_heads(self.key_projection(memory), self.key_dim),
+            self._split_heads(self.value_projection(memory), self.value_dim_per_head),
+        )
+
+    def attend(self, query, memory_cache, memory_mask=None):
+        single_step = len(query.shape) == 2
+        if single_step:
+            query = ops.expand_dims(query, 1)
+        batch, tgt_len = ops.shape(query)[0], ops.shape(query)[1]
+        q = self._split_heads(self.query_projection(query), self.key_dim)
+        keys, values = memory_cache
+        scores = ops.einsum("bthd,bshd->bhts", q, ops.cast(keys, q.dtype))
+        scores = scores / math.sqrt(self.key_dim)
+        head_weights = masked_softmax(scores, memory_mask)
+        heads = ops.einsum("bhts,bshd->bthd", head_weights, ops.cast(values, q.dtype))
+        heads = ops.reshape(heads, (batch, tgt_len, self.num_heads * self.value_dim_per_head))
+        context = self.output_projection(heads)
+        weights = ops.mean(head_weights, axis=1)
+        if single_step:
+            return ops.squeeze(context, 1), ops.squeeze(weights, 1)
+        return context, weights
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            num_heads=self.num_heads,
+            key_dim=self.key_dim,
+            value_dim=self.value_dim_per_head,
+            output_dim=self.output_dim,
+            use_bias=self.use_bias,
+        )
+        return config

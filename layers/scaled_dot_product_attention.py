@@ -1,0 +1,63 @@
+"""Scaled dot-product attention (Vaswani et al., 2017), one head."""
+
+import math
+
+import keras
+from keras import ops
+
+from layers.source_attention import SourceAttention
+
+
+@keras.saving.register_keras_serializable(package="seq2seq")
+class ScaledDotProductAttention(SourceAttention):
+    """score(q, k) = (W_q q) . (W_k k) / sqrt(d).
+
+    Args:
+        projection_dim: if set, queries and keys are projected to this size by learned
+            matrices and d = projection_dim; if None, the raw query and memory are compared
+            (they must have the same size) and d is that size.
+        project_values: project the memory with a learned matrix (to the memory's own size)
+            before the weighted sum.
+
+    Shapes: see `SourceAttention`; `context` has the memory's feature size.
+    """
+
+    def __init__(self, projection_dim=None, project_values=False, **kwargs):
+        super().__init__(**kwargs)
+        self.projection_dim = None if projection_dim is None else int(projection_dim)
+        self.project_values = bool(project_values)
+
+    def build(self, query_shape, memory_shape, memory_mask_shape=None):
+        query_dim, memory_dim = query_shape[-1], memory_shape[-1]
+        if self.projection_dim is None:
+            if query_dim != memory_dim:
+                raise ValueError(
+                    "ScaledDotProductAttention without projection_dim needs the query and "
+                    f"memory sizes to match, got query {query_dim} and memory {memory_dim}."
+                )
+            self.depth = query_dim
+        else:
+            self.depth = self.projection_dim
+            self.query_projection = keras.layers.Dense(self.depth, use_bias=False, name="query")
+            self.key_projection = keras.layers.Dense(self.depth, use_bias=False, name="key")
+            self.query_projection.build(query_shape)
+            self.key_projection.build(memory_shape)
+        if self.project_values:
+            self.value_projection = keras.layers.Dense(memory_dim, use_bias=False, name="value")
+            self.value_projection.build(memory_shape)
+
+    def precompute(self, memory):
+        keys = memory if self.projection_dim is None else self.key_projection(memory)
+        values = self.value_projection(memory) if self.project_values else memory
+        return (keys, values)
+
+    def score(self, query, memory_cache):
+        if self.projection_dim is not None:
+            query = self.query_projection(query)
+        keys = ops.cast(memory_cache[0], query.dtype)
+        return ops.einsum("btd,bsd->bts", query, keys) / math.sqrt(self.depth)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(projection_dim=self.projection_dim, project_values=self.project_values)
+        return config

@@ -1,0 +1,65 @@
+"""The common contract of every attention layer over an encoded source."""
+
+import keras
+from keras import ops
+
+from layers.masking import masked_softmax, resolve_memory_mask
+
+
+class SourceAttention(keras.layers.Layer):
+    """Base class: a decoder query attends over the encoder's memory.
+
+    Call as `context, weights = attention(query, memory, memory_mask=None)`.
+
+    Subclasses define two things:
+    - `precompute(memory)`: everything that depends on the memory alone (the key projection,
+      the value projection), returned as a tuple of `[batch, src_len, ...]` tensors. The decoder
+      computes it once per source and reuses it at every step; search reorders it by beam.
+    - `score(query, memory_cache)`: scores `[batch, tgt_len, src_len]` for a rank-3 query.
+    Layers whose weights are not one softmax over scores (several heads) override `attend`.
+
+    Args (of `call`):
+        query: `[batch, query_dim]` (one decoder step) or `[batch, tgt_len, query_dim]`.
+        memory: `[batch, src_len, memory_dim]` encoder outputs.
+        memory_mask: boolean `[batch, src_len]`, True at real source tokens. Defaults to the
+            Keras mask carried by `memory`, if any.
+
+    Returns:
+        context: `[batch, value_dim]` or `[batch, tgt_len, value_dim]`; `value_dim` is
+            `memory_dim` unless the layer projects values to another size.
+        weights: `[batch, src_len]` or `[batch, tgt_len, src_len]`; a distribution over the
+            unmasked source positions, exactly 0 at padding.
+    """
+
+    def call(self, query, memory, memory_mask=None):
+        memory_mask = resolve_memory_mask(memory, memory_mask)
+        return self.attend(query, self.precompute(memory), memory_mask)
+
+    def precompute(self, memory):
+        """The tensors that depend only on the memory: `(keys, values)` by default."""
+        return (memory, memory)
+
+    def score(self, query, memory_cache):
+        raise NotImplementedError
+
+    def attend(self, query, memory_cache, memory_mask=None):
+        """Attention from `query` (rank 2 or 3) using a cache returned by `precompute`."""
+        single_step = len(query.shape) == 2
+        if single_step:
+            query = ops.expand_dims(query, 1)
+        scores = self.score(query, memory_cache)
+        weights = masked_softmax(scores, memory_mask)
+        values = memory_cache[-1]
+        context = ops.einsum("bts,bsd->btd", weights, ops.cast(values, weights.dtype))
+        if single_step:
+            return ops.squeeze(context, 1), ops.squeeze(weights, 1)
+        return context, weights
+
+    def value_dim(self, memory_dim):
+        """Size of the context vector for a memory of `memory_dim` features."""
+        return memory_dim
+
+    def compute_output_shape(self, query_shape, memory_shape, memory_mask_shape=None):
+        context_shape = tuple(query_shape[:-1]) + (self.value_dim(memory_shape[-1]),)
+        weights_shape = tuple(query_shape[:-1]) + (memory_shape[1],)
+        return context_shape, weights_shape
