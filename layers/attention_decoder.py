@@ -209,7 +209,9 @@ class AttentionDecoder(keras.layers.Layer):
         if initial_state is None:
             initial_state = self.zero_state(ops.shape(target_ids)[0], self.compute_dtype)
         if not self.input_feeding and sampling_probability is None:
-            return self._fused_forward(target_ids, initial_state, memory_cache, memory_mask, training)
+            return self._fused_forward(
+                target_ids, initial_state, memory_cache, memory_mask, training
+            )
         return self._stepwise_forward(
             target_ids, initial_state, memory_cache, memory_mask, sampling_probability, training
         )
@@ -218,7 +220,9 @@ class AttentionDecoder(keras.layers.Layer):
         x = self.embedding(target_ids)
         for i, (layer, cell_state) in enumerate(zip(self.recurrent_layers, state["cells"])):
             output, *_ = layer(
-                self.dropout(x, training=training), initial_state=list(cell_state), training=training
+                self.dropout(x, training=training),
+                initial_state=list(cell_state),
+                training=training,
             )
             x = output + x if self.residual and i > 0 else output
         readout, weights = self._attend(x, memory_cache, memory_mask)
@@ -251,7 +255,9 @@ class AttentionDecoder(keras.layers.Layer):
                 previous_prediction = ops.cast(
                     ops.squeeze(
                         keras.random.categorical(
-                            ops.stop_gradient(ops.cast(logits, "float32")), 1, seed=self.seed_generator
+                            ops.stop_gradient(ops.cast(logits, "float32")),
+                            1,
+                            seed=self.seed_generator,
                         ),
                         1,
                     ),

@@ -34,9 +34,7 @@ class BahdanauAttention(SourceAttention):
     def build(self, query_shape, memory_shape, memory_mask_shape=None):
         self.query_projection.build(query_shape)
         self.key_projection.build(memory_shape)
-        self.v = self.add_weight(
-            name="v", shape=(self.units,), initializer="glorot_uniform"
-        )
+        self.v = self.add_weight(name="v", shape=(self.units,), initializer="glorot_uniform")
         if self.normalize:
             self.g = self.add_weight(
                 name="g",

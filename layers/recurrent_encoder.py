@@ -122,7 +122,9 @@ class RecurrentEncoder(keras.layers.Layer):
         x = self.embedding(source_ids)
         final_states = []
         for i, layer in enumerate(self.recurrent_layers):
-            outputs, states = self._run_layer(layer, self.dropout(x, training=training), mask, training)
+            outputs, states = self._run_layer(
+                layer, self.dropout(x, training=training), mask, training
+            )
             x = outputs + x if self.residual and i > 0 else outputs
             final_states.append(states)
         outputs = self.dropout(x, training=training)

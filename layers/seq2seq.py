@@ -117,7 +117,9 @@ class Seq2Seq(keras.Model):
         if training and self.scheduled_sampling is not None:
             step = self.optimizer.iterations if self.optimizer is not None else 0
             sampling_probability = self.scheduled_sampling(step)
-        logits, _ = self.forward(inputs, training=training, sampling_probability=sampling_probability)
+        logits, _ = self.forward(
+            inputs, training=training, sampling_probability=sampling_probability
+        )
         return logits
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):

@@ -31,7 +31,9 @@ class StateBridge(keras.layers.Layer):
         if kind not in BRIDGES:
             raise ValueError(f"bridge must be one of {BRIDGES}, got {kind!r}")
         self.kind = kind
-        self.target_state_sizes = tuple(tuple(int(s) for s in layer) for layer in target_state_sizes)
+        self.target_state_sizes = tuple(
+            tuple(int(s) for s in layer) for layer in target_state_sizes
+        )
 
     def build(self, source_states_shape):
         source_sizes = tuple(tuple(shape[-1] for shape in layer) for layer in source_states_shape)

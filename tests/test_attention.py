@@ -1,0 +1,215 @@
+"""Attention layers: shapes, masking, the seeds' score functions, serialisation, gradients."""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import layers
+from helpers import assert_gradients_reach, gradients_of
+
+DIM = 8
+FACTORIES = {
+    "bahdanau": lambda: layers.BahdanauAttention(6),
+    "bahdanau_normalized": lambda: layers.BahdanauAttention(6, normalize=True),
+    "luong_dot": lambda: layers.LuongAttention("dot"),
+    "luong_general": lambda: layers.LuongAttention("general"),
+    "luong_general_scaled": lambda: layers.LuongAttention("general", scale=True),
+    "luong_concat": lambda: layers.LuongAttention("concat", units=5),
+    "scaled_dot": lambda: layers.ScaledDotProductAttention(),
+    "scaled_dot_projected": lambda: layers.ScaledDotProductAttention(4, project_values=True),
+    "multi_head": lambda: layers.MultiHeadCrossAttention(num_heads=2, key_dim=4),
+}
+MASK = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], bool)
+
+
+@pytest.fixture
+def inputs(rng):
+    memory = rng.normal(size=(3, 5, DIM)).astype("float32")
+    step_query = rng.normal(size=(3, DIM)).astype("float32")
+    all_queries = rng.normal(size=(3, 4, DIM)).astype("float32")
+    return memory, step_query, all_queries
+
+
+@pytest.fixture(params=sorted(FACTORIES))
+def attention(request):
+    return FACTORIES[request.param]()
+
+
+def test_public_names():
+    for name in [
+        "BahdanauAttention",
+        "LuongAttention",
+        "ScaledDotProductAttention",
+        "MultiHeadCrossAttention",
+        "RecurrentEncoder",
+        "AttentionDecoder",
+        "Seq2Seq",
+    ]:
+        assert hasattr(layers, name)
+
+
+def test_shapes_for_both_query_ranks(attention, inputs):
+    memory, step_query, all_queries = inputs
+    context, weights = attention(step_query, memory, memory_mask=MASK)
+    assert context.shape == (3, DIM) and weights.shape == (3, 5)
+    context, weights = attention(all_queries, memory, memory_mask=MASK)
+    assert context.shape == (3, 4, DIM) and weights.shape == (3, 4, 5)
+    expected = attention.compute_output_shape((3, 4, DIM), (3, 5, DIM))
+    assert (tuple(context.shape), tuple(weights.shape)) == expected
+
+
+def test_weights_are_a_distribution_over_unmasked_positions(attention, inputs):
+    memory, _, all_queries = inputs
+    _, weights = attention(all_queries, memory, memory_mask=MASK)
+    weights = np.asarray(weights)
+    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-6)
+    assert np.all(weights[~np.broadcast_to(MASK[:, None, :], weights.shape)] == 0.0)
+    assert np.all(weights >= 0.0)
+
+
+def test_padded_memory_does_not_change_the_context(attention, inputs, rng):
+    memory, _, all_queries = inputs
+    context, _ = attention(all_queries, memory, memory_mask=MASK)
+    noisy = np.where(MASK[..., None], memory, rng.normal(size=memory.shape) * 100).astype("float32")
+    noisy_context, _ = attention(all_queries, noisy, memory_mask=MASK)
+    np.testing.assert_allclose(context, noisy_context, atol=1e-5)
+
+
+def test_keras_mask_on_memory_is_used(attention, inputs):
+    memory, step_query, _ = inputs
+    expected, _ = attention(step_query, memory, memory_mask=MASK)
+    masked_memory = keras.layers.Masking()(np.where(MASK[..., None], memory, 0.0))
+    context, weights = attention(step_query, masked_memory)
+    np.testing.assert_allclose(context, expected, atol=1e-6)
+    assert np.all(np.asarray(weights)[~MASK] == 0.0)
+
+
+def test_one_step_equals_the_batched_call(attention, inputs):
+    memory, _, all_queries = inputs
+    batched_context, batched_weights = attention(all_queries, memory, memory_mask=MASK)
+    cache = attention.precompute(memory)
+    for t in range(all_queries.shape[1]):
+        context, weights = attention.attend(all_queries[:, t], cache, MASK)
+        np.testing.assert_allclose(context, batched_context[:, t], atol=1e-5)
+        np.testing.assert_allclose(weights, batched_weights[:, t], atol=1e-6)
+
+
+def test_config_round_trip(attention, inputs):
+    memory, step_query, _ = inputs
+    context, _ = attention(step_query, memory, memory_mask=MASK)
+    config = keras.saving.serialize_keras_object(attention)
+    clone = keras.saving.deserialize_keras_object(config)
+    assert type(clone) is type(attention)
+    assert clone.get_config() == attention.get_config()
+    clone(step_query, memory, memory_mask=MASK)
+    clone.set_weights(attention.get_weights())
+    np.testing.assert_allclose(clone(step_query, memory, memory_mask=MASK)[0], context, atol=1e-6)
+
+
+def test_gradients_reach_every_weight_and_both_inputs(attention, inputs):
+    memory, _, all_queries = inputs
+    query, memory = tf.constant(all_queries), tf.constant(memory)
+    attention(query, memory, memory_mask=MASK)
+    if attention.trainable_variables:
+        assert_gradients_reach(lambda: attention(query, memory, memory_mask=MASK), attention)
+    else:
+        assert type(attention).__name__ in ("LuongAttention", "ScaledDotProductAttention")
+    grads = gradients_of(lambda: attention(query, memory, memory_mask=MASK), [query, memory])
+    assert all(float(tf.reduce_max(tf.abs(g))) > 0 for g in grads)
+
+
+# The seeds' score functions, checked against numpy.
+
+
+def _softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def test_luong_dot_is_softmax_of_inner_products(inputs):
+    memory, step_query, _ = inputs
+    context, weights = layers.LuongAttention("dot")(step_query, memory)
+    expected = _softmax(np.einsum("bd,bsd->bs", step_query, memory))
+    np.testing.assert_allclose(weights, expected, atol=1e-6)
+    np.testing.assert_allclose(context, np.einsum("bs,bsd->bd", expected, memory), atol=1e-5)
+
+
+def test_luong_general_is_bilinear(inputs):
+    memory, step_query, _ = inputs
+    attention = layers.LuongAttention("general")
+    _, weights = attention(step_query, memory)
+    w = attention.key_projection.kernel.numpy()  # maps memory to the query space
+    expected = _softmax(np.einsum("bq,bsm,mq->bs", step_query, memory, w))
+    np.testing.assert_allclose(weights, expected, atol=1e-5)
+
+
+def test_bahdanau_is_additive(inputs):
+    memory, step_query, _ = inputs
+    attention = layers.BahdanauAttention(6)
+    _, weights = attention(step_query, memory)
+    wq = attention.query_projection.kernel.numpy()
+    wk = attention.key_projection.kernel.numpy()
+    v = attention.v.numpy()
+    hidden = np.tanh((step_query @ wq)[:, None, :] + memory @ wk)
+    np.testing.assert_allclose(weights, _softmax(hidden @ v), atol=1e-5)
+
+
+def test_bahdanau_normalized_score_ignores_the_scale_of_v(inputs):
+    memory, step_query, _ = inputs
+    attention = layers.BahdanauAttention(6, normalize=True)
+    _, weights = attention(step_query, memory)
+    attention.v.assign(attention.v * 10.0)
+    _, rescaled = attention(step_query, memory)
+    np.testing.assert_allclose(weights, rescaled, atol=1e-6)
+    np.testing.assert_allclose(float(attention.g.numpy()), math.sqrt(1 / 6), rtol=1e-6)
+
+
+def test_scaled_dot_product_divides_by_sqrt_depth(inputs):
+    memory, step_query, _ = inputs
+    _, weights = layers.ScaledDotProductAttention()(step_query, memory)
+    expected = _softmax(np.einsum("bd,bsd->bs", step_query, memory) / math.sqrt(DIM))
+    np.testing.assert_allclose(weights, expected, atol=1e-6)
+
+
+def test_multi_head_weights_average_the_heads(inputs):
+    memory, step_query, _ = inputs
+    attention = layers.MultiHeadCrossAttention(num_heads=2, key_dim=4, use_bias=False)
+    _, weights = attention(step_query, memory, memory_mask=MASK)
+    q = (step_query @ attention.query_projection.kernel.numpy()).reshape(3, 2, 4)
+    k = (memory @ attention.key_projection.kernel.numpy()).reshape(3, 5, 2, 4)
+    scores = np.einsum("bhd,bshd->bhs", q, k) / 2.0
+    scores = np.where(MASK[:, None, :], scores, -np.inf)
+    np.testing.assert_allclose(weights, _softmax(scores).mean(1), atol=1e-5)
+
+
+def test_luong_scale_multiplies_the_score(inputs):
+    memory, step_query, _ = inputs
+    attention = layers.LuongAttention("dot", scale=True)
+    attention(step_query, memory)
+    attention.gain.assign(3.0)
+    _, weights = attention(step_query, memory)
+    expected = _softmax(3.0 * np.einsum("bd,bsd->bs", step_query, memory))
+    np.testing.assert_allclose(weights, expected, atol=1e-5)
+
+
+def test_fully_masked_source_gives_zero_context(attention, inputs):
+    memory, step_query, _ = inputs
+    mask = MASK.copy()
+    mask[2] = False
+    context, weights = attention(step_query, memory, memory_mask=mask)
+    assert np.all(np.asarray(weights)[2] == 0.0)
+    if not isinstance(attention, layers.MultiHeadCrossAttention):  # its output layer has a bias
+        assert np.all(np.asarray(context)[2] == 0.0)
+
+
+def test_bad_arguments_are_refused(inputs):
+    memory, _, _ = inputs
+    with pytest.raises(ValueError, match="score"):
+        layers.LuongAttention("cosine")
+    with pytest.raises(ValueError, match="score='general'"):
+        layers.LuongAttention("dot")(np.zeros((3, 4), "float32"), memory)
+    with pytest.raises(ValueError, match="projection_dim"):
+        layers.ScaledDotProductAttention()(np.zeros((3, 4), "float32"), memory)

@@ -1,0 +1,131 @@
+"""AttentionDecoder: teacher forcing agrees with step-by-step decoding, in every mode."""
+
+import keras
+import numpy as np
+import pytest
+
+import layers
+from helpers import assert_gradients_reach
+
+TARGET = np.array([[2, 5, 6, 7], [2, 9, 0, 0], [2, 4, 4, 0]], np.int32)
+MEMORY_MASK = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], bool)
+
+
+@pytest.fixture
+def memory(rng):
+    return rng.normal(size=(3, 5, 12)).astype("float32")
+
+
+def make_decoder(attention="luong", input_feeding=True, cell_type="lstm", num_layers=2, **kwargs):
+    attention_layer = {
+        "luong": lambda: layers.LuongAttention("general"),
+        "bahdanau": lambda: layers.BahdanauAttention(7),
+        "multi_head": lambda: layers.MultiHeadCrossAttention(2, 4),
+        None: lambda: None,
+    }[attention]()
+    return layers.AttentionDecoder(
+        vocab_size=15,
+        embedding_dim=5,
+        units=8,
+        num_layers=num_layers,
+        cell_type=cell_type,
+        attention=attention_layer,
+        input_feeding=input_feeding,
+        residual=num_layers > 1,
+        **kwargs,
+    )
+
+
+def step_by_step(decoder, memory, initial_state):
+    cache = decoder.precompute(memory)
+    state = initial_state
+    all_logits, all_weights = [], []
+    for t in range(TARGET.shape[1]):
+        logits, state, weights = decoder.step(TARGET[:, t], state, cache, MEMORY_MASK)
+        all_logits.append(logits)
+        all_weights.append(weights)
+    weights = None if all_weights[0] is None else np.stack(all_weights, 1)
+    return np.stack(all_logits, 1), weights
+
+
+@pytest.mark.parametrize(
+    "attention,input_feeding,cell_type",
+    [
+        ("luong", True, "lstm"),
+        ("luong", False, "lstm"),
+        ("bahdanau", True, "gru"),
+        ("bahdanau", False, "gru"),
+        ("multi_head", False, "simple_rnn"),
+        (None, False, "lstm"),
+    ],
+)
+def test_teacher_forcing_equals_step_by_step(memory, attention, input_feeding, cell_type, rng):
+    decoder = make_decoder(attention, input_feeding, cell_type)
+    cells = tuple(
+        tuple(rng.normal(size=(3, size)).astype("float32") for size in layer)
+        for layer in decoder.state_sizes
+    )
+    state = decoder.initial_state(cells)
+    logits, weights = decoder(TARGET, memory, memory_mask=MEMORY_MASK, initial_state=state)
+    assert logits.shape == (3, 4, 15)
+    step_logits, step_weights = step_by_step(decoder, memory, state)
+    np.testing.assert_allclose(logits, step_logits, atol=1e-5)
+    if attention is None:
+        assert weights is None and step_weights is None
+    else:
+        assert weights.shape == (3, 4, 5)
+        np.testing.assert_allclose(weights, step_weights, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(weights).sum(-1), 1.0, atol=1e-6)
+        assert np.all(
+            np.asarray(weights)[~np.broadcast_to(MEMORY_MASK[:, None], weights.shape)] == 0
+        )
+
+
+def test_sampling_probability_zero_is_teacher_forcing(memory):
+    decoder = make_decoder("bahdanau", input_feeding=False)
+    fused, _ = decoder(TARGET, memory, memory_mask=MEMORY_MASK)
+    looped, _ = decoder(TARGET, memory, memory_mask=MEMORY_MASK, sampling_probability=0.0)
+    np.testing.assert_allclose(fused, looped, atol=1e-5)
+
+
+def test_sampling_probability_one_feeds_model_samples(memory):
+    decoder = make_decoder("luong", input_feeding=True)
+    forced, _ = decoder(TARGET, memory, memory_mask=MEMORY_MASK)
+    sampled, _ = decoder(TARGET, memory, memory_mask=MEMORY_MASK, sampling_probability=1.0)
+    # The first step always reads <s>; later steps read sampled tokens instead of the targets.
+    np.testing.assert_allclose(forced[:, 0], sampled[:, 0], atol=1e-5)
+    assert not np.allclose(forced[:, 1:], sampled[:, 1:])
+
+
+@pytest.mark.parametrize("input_feeding", [True, False])
+def test_gradients_reach_every_weight(memory, input_feeding):
+    decoder = make_decoder("bahdanau", input_feeding=input_feeding)
+    decoder(TARGET, memory, memory_mask=MEMORY_MASK)
+    assert_gradients_reach(
+        lambda: decoder(TARGET, memory, memory_mask=MEMORY_MASK, training=True)[0], decoder
+    )
+
+
+def test_input_feeding_widens_the_first_layer(memory):
+    fed = make_decoder("luong", input_feeding=True, num_layers=1)
+    plain = make_decoder("luong", input_feeding=False, num_layers=1)
+    fed(TARGET, memory)
+    plain(TARGET, memory)
+    assert fed.recurrent_layers[0].cell.kernel.shape == (5 + 8, 32)
+    assert plain.recurrent_layers[0].cell.kernel.shape == (5, 32)
+
+
+def test_config_round_trip(memory):
+    decoder = make_decoder("multi_head", input_feeding=True, dropout=0.1, attention_vector_size=6)
+    logits, _ = decoder(TARGET, memory, memory_mask=MEMORY_MASK)
+    clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(decoder))
+    assert clone.get_config() == decoder.get_config()
+    assert isinstance(clone.attention, layers.MultiHeadCrossAttention)
+    clone(TARGET, memory, memory_mask=MEMORY_MASK)
+    clone.set_weights(decoder.get_weights())
+    np.testing.assert_allclose(clone(TARGET, memory, memory_mask=MEMORY_MASK)[0], logits, atol=1e-5)
+
+
+def test_input_feeding_needs_attention():
+    with pytest.raises(ValueError, match="input_feeding"):
+        layers.AttentionDecoder(15, 5, 8, attention=None, input_feeding=True)

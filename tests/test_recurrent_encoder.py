@@ -1,0 +1,116 @@
+"""RecurrentEncoder: shapes, masking, source reversal, forget-gate bias, serialisation."""
+
+import keras
+import numpy as np
+import pytest
+
+import layers
+from helpers import assert_gradients_reach
+
+SOURCE = np.array([[5, 6, 7, 0, 0], [4, 5, 6, 7, 8], [9, 0, 0, 0, 0]], np.int32)
+
+
+@pytest.mark.parametrize("cell_type", ["lstm", "gru", "simple_rnn"])
+@pytest.mark.parametrize(
+    "bidirectional,merge_mode,out_dim",
+    [(False, "concat", 6), (True, "concat", 12), (True, "sum", 6)],
+)
+def test_shapes_and_states(cell_type, bidirectional, merge_mode, out_dim):
+    encoder = layers.RecurrentEncoder(
+        20,
+        4,
+        6,
+        num_layers=2,
+        cell_type=cell_type,
+        bidirectional=bidirectional,
+        merge_mode=merge_mode,
+    )
+    outputs, states, mask = encoder(SOURCE)
+    assert outputs.shape == (3, 5, out_dim)
+    assert encoder.output_dim == out_dim
+    per_layer = 2 if cell_type == "lstm" else 1
+    assert [[tuple(s.shape) for s in layer] for layer in states] == [[(3, out_dim)] * per_layer] * 2
+    assert encoder.state_sizes == ((out_dim,) * per_layer,) * 2
+    np.testing.assert_array_equal(mask, SOURCE != 0)
+    out_shape, state_shapes, mask_shape = encoder.compute_output_shape((3, 5))
+    assert out_shape == (3, 5, out_dim) and mask_shape == (3, 5)
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_extra_padding_changes_nothing(bidirectional):
+    encoder = layers.RecurrentEncoder(20, 4, 6, num_layers=2, bidirectional=bidirectional)
+    outputs, states, _ = encoder(SOURCE)
+    padded = np.pad(SOURCE, ((0, 0), (0, 4)))
+    padded_outputs, padded_states, _ = encoder(padded)
+    mask = SOURCE != 0
+    np.testing.assert_allclose(
+        np.asarray(padded_outputs)[:, :5][mask], np.asarray(outputs)[mask], atol=1e-5
+    )
+    for layer, padded_layer in zip(states, padded_states):
+        for s, p in zip(layer, padded_layer):
+            np.testing.assert_allclose(s, p, atol=1e-5)
+
+
+def test_reverse_source_runs_the_recurrence_backwards_and_keeps_source_order():
+    reversed_encoder = layers.RecurrentEncoder(20, 4, 6, reverse_source=True)
+    outputs, states, _ = reversed_encoder(SOURCE)
+    plain = layers.RecurrentEncoder(20, 4, 6)
+    plain(SOURCE)
+    plain.set_weights(reversed_encoder.get_weights())
+    lengths = (SOURCE != 0).sum(1)
+    manually_reversed = np.zeros_like(SOURCE)
+    for i, n in enumerate(lengths):
+        manually_reversed[i, :n] = SOURCE[i, :n][::-1]
+    plain_outputs, plain_states, _ = plain(manually_reversed)
+    for i, n in enumerate(lengths):
+        np.testing.assert_allclose(
+            np.asarray(outputs)[i, :n], np.asarray(plain_outputs)[i, :n][::-1], atol=1e-6
+        )
+    np.testing.assert_allclose(states[0][0], plain_states[0][0], atol=1e-6)
+
+
+def test_lstm_forget_gate_bias_starts_at_one():
+    encoder = layers.RecurrentEncoder(20, 4, 6, bidirectional=True)
+    encoder(SOURCE)
+    biases = [v.numpy() for v in encoder.weights if v.path.endswith("bias")]
+    assert len(biases) == 2
+    for bias in biases:  # Keras orders the LSTM gates i, f, c, o
+        np.testing.assert_array_equal(bias[6:12], 1.0)
+        np.testing.assert_array_equal(np.concatenate([bias[:6], bias[12:]]), 0.0)
+
+
+def test_residual_and_dropout():
+    encoder = layers.RecurrentEncoder(20, 4, 6, num_layers=3, residual=True, dropout=0.5)
+    inference, _, _ = encoder(SOURCE, training=False)
+    np.testing.assert_allclose(encoder(SOURCE, training=False)[0], inference)
+    assert not np.allclose(encoder(SOURCE, training=True)[0], inference)
+
+
+def test_config_round_trip_and_gradients():
+    encoder = layers.RecurrentEncoder(
+        20,
+        4,
+        6,
+        num_layers=2,
+        cell_type="gru",
+        bidirectional=True,
+        merge_mode="sum",
+        residual=True,
+        reverse_source=True,
+    )
+    outputs, _, _ = encoder(SOURCE)
+    clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(encoder))
+    assert clone.get_config() == encoder.get_config()
+    clone(SOURCE)
+    clone.set_weights(encoder.get_weights())
+    np.testing.assert_allclose(clone(SOURCE)[0], outputs, atol=1e-6)
+    assert_gradients_reach(lambda: encoder(SOURCE)[:2], encoder)
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError, match="cell_type"):
+        layers.RecurrentEncoder(20, 4, 6, cell_type="transformer")
+    with pytest.raises(ValueError, match="merge_mode"):
+        layers.RecurrentEncoder(20, 4, 6, bidirectional=True, merge_mode="mul")
+    with pytest.raises(ValueError, match="num_layers"):
+        layers.RecurrentEncoder(20, 4, 6, num_layers=0)

@@ -1,0 +1,70 @@
+"""Scheduled-sampling schedules, masked losses and metrics."""
+
+import math
+
+import numpy as np
+import pytest
+
+from layers.scheduled_sampling import SamplingSchedule
+from layers.token_losses import Perplexity, TokenAccuracy, token_cross_entropy
+
+
+def test_constant_schedule():
+    schedule = SamplingSchedule("constant", probability=0.3)
+    assert float(schedule(0)) == pytest.approx(0.3)
+    assert float(schedule(10_000)) == pytest.approx(0.3)
+
+
+def test_linear_schedule_rises_to_its_cap():
+    schedule = SamplingSchedule("linear", probability=0.5, decay_steps=100)
+    assert float(schedule(0)) == pytest.approx(0.0)
+    assert float(schedule(50)) == pytest.approx(0.25)
+    assert float(schedule(100)) == pytest.approx(0.5)
+    assert float(schedule(1_000)) == pytest.approx(0.5)
+
+
+def test_inverse_sigmoid_schedule_follows_bengio():
+    k = 50.0
+    schedule = SamplingSchedule("inverse_sigmoid", probability=1.0, decay_steps=k)
+    for step in (0, 100, 200, 500, 5_000):
+        teacher_forcing = k / (k + math.exp(step / k)) if step / k < 700 else 0.0
+        assert float(schedule(step)) == pytest.approx(1.0 - teacher_forcing, abs=1e-6)
+    assert float(schedule(10**9)) == pytest.approx(1.0)
+
+
+def test_schedule_config_round_trip_and_errors():
+    schedule = SamplingSchedule("linear", probability=0.2, decay_steps=10)
+    assert SamplingSchedule.from_config(schedule.get_config()).get_config() == schedule.get_config()
+    with pytest.raises(ValueError, match="schedule"):
+        SamplingSchedule("exponential")
+    with pytest.raises(ValueError, match="probability"):
+        SamplingSchedule("constant", probability=1.5)
+
+
+def test_cross_entropy_ignores_padding_and_smooths():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(2, 3, 5)).astype("float32")
+    labels = np.array([[1, 2, 0], [4, 0, 0]])
+    mask = labels != 0
+    loss, nll = token_cross_entropy(labels, logits, mask, label_smoothing=0.1)
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    expected_nll = -np.take_along_axis(log_probs, labels[..., None], -1)[..., 0] * mask
+    np.testing.assert_allclose(nll, expected_nll, atol=1e-5)
+    expected_loss = (0.9 * expected_nll - 0.1 * log_probs.mean(-1)) * mask
+    np.testing.assert_allclose(loss, expected_loss, atol=1e-5)
+    assert np.all(np.asarray(loss)[~mask] == 0)
+
+
+def test_token_accuracy_and_perplexity_count_real_tokens_only():
+    logits = np.zeros((1, 4, 5), "float32")
+    logits[0, 0, 1] = logits[0, 1, 3] = logits[0, 2, 2] = 5.0
+    labels = np.array([[1, 2, 2, 0]])
+    mask = labels != 0
+    accuracy = TokenAccuracy()
+    accuracy.update_state(labels, logits, mask)
+    assert float(accuracy.result()) == pytest.approx(2 / 3)
+    perplexity = Perplexity()
+    _, nll = token_cross_entropy(labels, logits, mask)
+    perplexity.update_state(nll, mask)
+    perplexity.update_state(nll, mask)
+    assert float(perplexity.result()) == pytest.approx(math.exp(float(np.sum(nll)) / 3), rel=1e-5)
