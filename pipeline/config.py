@@ -1,0 +1,257 @@
+"""Experiment configuration: one YAML file, validated at load, overridable from the command line.
+
+Every key has a declared type, default and allowed range in `SCHEMA`. Loading refuses an
+unknown key, a wrong type or an impossible value with a message naming the key and the file.
+"""
+
+import copy
+import dataclasses
+import difflib
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.errors import UserError
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
+ATTENTIONS = (
+    "bahdanau",
+    "luong_dot",
+    "luong_general",
+    "luong_concat",
+    "scaled_dot",
+    "multi_head",
+    "none",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    kind: type
+    default: Any
+    choices: tuple = ()
+    minimum: float | None = None
+    maximum: float | None = None
+    nullable: bool = False
+    path: bool = False  # resolved against the directory of the config file
+
+
+def _path(default=None):
+    return Field(str, default, nullable=True, path=True)
+
+
+def _positive_int(default, nullable=False):
+    return Field(int, default, minimum=1, nullable=nullable)
+
+
+def _rate(default):
+    return Field(float, default, minimum=0.0, maximum=1.0)
+
+
+SCHEMA = {
+    "data": {
+        # Either aligned source/target files (plain or .gz) or one TSV of source<TAB>target.
+        "train_source": _path(),
+        "train_target": _path(),
+        "train_tsv": _path(),
+        "valid_source": _path(),
+        "valid_target": _path(),
+        "valid_tsv": _path(),
+        "test_source": _path(),
+        "test_target": _path(),
+        "test_tsv": _path(),
+        "source_vocab_size": _positive_int(8000),
+        "target_vocab_size": _positive_int(8000),
+        "subword_model": Field(str, "unigram", choices=("unigram", "bpe")),
+        "max_source_length": _positive_int(100),
+        "max_target_length": _positive_int(100),
+    },
+    "model": {
+        "cell_type": Field(str, "lstm", choices=("lstm", "gru", "simple_rnn")),
+        "embedding_dim": _positive_int(256),
+        "encoder_units": _positive_int(256),
+        "encoder_layers": _positive_int(1),
+        "bidirectional": Field(bool, True),
+        "merge_mode": Field(str, "concat", choices=("concat", "sum")),
+        "reverse_source": Field(bool, False),
+        "residual": Field(bool, False),
+        "decoder_units": _positive_int(512),
+        "decoder_layers": _positive_int(1),
+        "attention": Field(str, "bahdanau", choices=ATTENTIONS),
+        "attention_units": _positive_int(256),
+        "attention_heads": _positive_int(4),
+        "attention_normalize": Field(bool, False),
+        "attention_scale": Field(bool, False),
+        "input_feeding": Field(bool, False),
+        "attention_vector_size": _positive_int(None, nullable=True),
+        "bridge": Field(str, "dense", choices=("dense", "copy", "zero")),
+        "dropout": _rate(0.2),
+    },
+    "train": {
+        "epochs": _positive_int(10),
+        "steps_per_epoch": _positive_int(None, nullable=True),
+        "batch_size": _positive_int(64),
+        "batch_tokens": _positive_int(None, nullable=True),
+        "bucket_width": _positive_int(5),
+        "shuffle_buffer": _positive_int(30000),
+        "seed": Field(int, 1234),
+        "learning_rate": Field(float, 1e-3, minimum=0.0),
+        "lr_schedule": Field(str, "constant", choices=("constant", "inverse_sqrt", "exponential")),
+        "warmup_steps": Field(int, 0, minimum=0),
+        "decay_steps": _positive_int(1000),
+        "decay_rate": Field(float, 0.5, minimum=0.0, maximum=1.0),
+        "clip_norm": Field(float, 5.0, minimum=0.0, nullable=True),
+        "label_smoothing": Field(float, 0.1, minimum=0.0, maximum=0.99),
+        "sampling_schedule": Field(
+            str, "none", choices=("none", "constant", "linear", "inverse_sigmoid")
+        ),
+        "sampling_probability": _rate(0.25),
+        "sampling_decay_steps": Field(float, 1000.0, minimum=1.0),
+        "checkpoint_every_steps": _positive_int(500),
+        "keep_checkpoints": _positive_int(3),
+        "early_stopping_patience": _positive_int(None, nullable=True),
+        "bleu_every_epochs": Field(int, 0, minimum=0),
+        "bleu_subset": _positive_int(200),
+        "jit_compile": Field(bool, False),
+    },
+    "decode": {
+        "batch_size": _positive_int(64),
+        "max_length_ratio": Field(float, 1.5, minimum=0.0),
+        "max_length_offset": Field(int, 10, minimum=0),
+        "max_length_cap": _positive_int(250),
+    },
+    "distribute": {
+        "strategy": Field(str, "default", choices=("default",)),
+    },
+}
+
+
+def defaults():
+    return {
+        section: {key: copy.deepcopy(field.default) for key, field in fields.items()}
+        for section, fields in SCHEMA.items()
+    }
+
+
+def _unknown(key, known, where):
+    hint = difflib.get_close_matches(key, known, n=1)
+    suggestion = f" (did you mean '{hint[0]}'?)" if hint else ""
+    return UserError(f"{where}: unknown key '{key}'{suggestion}")
+
+
+def _check_value(name, field, value, where):
+    if value is None:
+        if field.nullable:
+            return None
+        raise UserError(f"{where}: {name} must not be empty")
+    kind = field.kind
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if kind is int and isinstance(value, bool) or not isinstance(value, kind):
+        type_name = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+        raise UserError(f"{where}: {name} must be {type_name[kind]}, got {value!r}")
+    if field.choices and value not in field.choices:
+        choices = ", ".join(map(str, field.choices))
+        raise UserError(f"{where}: {name} must be one of {choices}; got {value!r}")
+    if field.minimum is not None and value < field.minimum:
+        raise UserError(f"{where}: {name} must be at least {field.minimum}, got {value!r}")
+    if field.maximum is not None and value > field.maximum:
+        raise UserError(f"{where}: {name} must be at most {field.maximum}, got {value!r}")
+    return value
+
+
+def _merge(config, overrides, where, base_dir):
+    if not isinstance(overrides, dict):
+        raise UserError(f"{where}: expected a mapping of sections, got {type(overrides).__name__}")
+    for section, values in overrides.items():
+        if section not in SCHEMA:
+            raise _unknown(str(section), SCHEMA, where)
+        if not isinstance(values, dict):
+            raise UserError(f"{where}: section '{section}' must be a mapping of keys")
+        for key, value in values.items():
+            if key not in SCHEMA[section]:
+                raise _unknown(f"{section}.{key}", [f"{section}.{k}" for k in SCHEMA[section]], where)
+            field = SCHEMA[section][key]
+            value = _check_value(f"{section}.{key}", field, value, where)
+            if field.path and value is not None:
+                value = str((base_dir / os.path.expanduser(value)).resolve())
+            config[section][key] = value
+
+
+def parse_overrides(assignments):
+    """`["train.epochs=3", ...]` -> `{"train": {"epochs": 3}}`, values parsed as YAML scalars."""
+    overrides = {}
+    for assignment in assignments:
+        key, sep, raw = assignment.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not sep or not dot or not name:
+            raise UserError(f"--set {assignment!r}: expected SECTION.KEY=VALUE")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as error:
+            raise UserError(f"--set {assignment!r}: cannot parse the value ({error})") from None
+        overrides.setdefault(section, {})[name] = value
+    return overrides
+
+
+def _check_consistency(config, where):
+    data, model, train = config["data"], config["model"], config["train"]
+    for split in ("train", "valid", "test"):
+        pair = data[f"{split}_source"], data[f"{split}_target"]
+        tsv = data[f"{split}_tsv"]
+        if tsv and any(pair):
+            raise UserError(
+                f"{where}: data.{split}_tsv and data.{split}_source/target are alternatives; "
+                "give one of them"
+            )
+        if any(pair) and not all(pair):
+            missing = f"data.{split}_{'target' if pair[0] else 'source'}"
+            raise UserError(f"{where}: {missing} is missing")
+    if not (data["train_tsv"] or data["train_source"]):
+        raise UserError(f"{where}: no training data: set data.train_source and data.train_target")
+    if model["input_feeding"] and model["attention"] == "none":
+        raise UserError(f"{where}: model.input_feeding needs model.attention other than none")
+    if model["attention"] == "luong_dot" and model["decoder_units"] != _memory_dim(model):
+        raise UserError(
+            f"{where}: model.attention luong_dot needs model.decoder_units "
+            f"({model['decoder_units']}) equal to the encoder output size ({_memory_dim(model)})"
+        )
+    if train["bleu_every_epochs"] and not (data["valid_tsv"] or data["valid_source"]):
+        raise UserError(f"{where}: train.bleu_every_epochs needs validation data")
+
+
+def _memory_dim(model):
+    concat = model["bidirectional"] and model["merge_mode"] == "concat"
+    return model["encoder_units"] * (2 if concat else 1)
+
+
+def load_config(path=None, overrides=()):
+    """The validated configuration: defaults < the YAML file < `--set` overrides."""
+    path = Path(path) if path else DEFAULT_CONFIG
+    where = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{where}: configuration file not found") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise UserError(f"{where}: cannot read the configuration ({error})") from None
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as error:
+        raise UserError(f"{where}: invalid YAML: {error}") from None
+    config = defaults()
+    _merge(config, raw, where, path.resolve().parent)
+    _merge(config, parse_overrides(overrides), "--set", Path.cwd())
+    _check_consistency(config, where)
+    return config
+
+
+def save_config(config, path):
+    """Writes the resolved configuration (atomically: temporary file, then rename)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    os.replace(tmp, path)

@@ -1,0 +1,74 @@
+"""The model described by the `model` section of a configuration."""
+
+import layers
+from pipeline.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+
+def build_attention(model_config):
+    name, units = model_config["attention"], model_config["attention_units"]
+    if name == "none":
+        return None
+    if name == "bahdanau":
+        return layers.BahdanauAttention(units, normalize=model_config["attention_normalize"])
+    if name.startswith("luong_"):
+        return layers.LuongAttention(
+            name.removeprefix("luong_"), scale=model_config["attention_scale"], units=units
+        )
+    if name == "scaled_dot":
+        return layers.ScaledDotProductAttention(projection_dim=units, project_values=True)
+    heads = model_config["attention_heads"]
+    return layers.MultiHeadCrossAttention(heads, key_dim=max(1, units // heads))
+
+
+def sampling_schedule(train_config):
+    if train_config["sampling_schedule"] == "none":
+        return None
+    return layers.SamplingSchedule(
+        train_config["sampling_schedule"],
+        probability=train_config["sampling_probability"],
+        decay_steps=train_config["sampling_decay_steps"],
+    )
+
+
+def build_model(config, source_vocab_size, target_vocab_size):
+    model_config = config["model"]
+    encoder = layers.RecurrentEncoder(
+        source_vocab_size,
+        model_config["embedding_dim"],
+        model_config["encoder_units"],
+        num_layers=model_config["encoder_layers"],
+        cell_type=model_config["cell_type"],
+        bidirectional=model_config["bidirectional"],
+        merge_mode=model_config["merge_mode"],
+        dropout=model_config["dropout"],
+        residual=model_config["residual"],
+        reverse_source=model_config["reverse_source"],
+        pad_id=PAD_ID,
+        name="encoder",
+    )
+    decoder = layers.AttentionDecoder(
+        target_vocab_size,
+        model_config["embedding_dim"],
+        model_config["decoder_units"],
+        num_layers=model_config["decoder_layers"],
+        cell_type=model_config["cell_type"],
+        attention=build_attention(model_config),
+        input_feeding=model_config["input_feeding"],
+        attention_vector_size=model_config["attention_vector_size"],
+        dropout=model_config["dropout"],
+        residual=model_config["residual"],
+        name="decoder",
+    )
+    model = layers.Seq2Seq(
+        encoder,
+        decoder,
+        bridge=model_config["bridge"],
+        label_smoothing=config["train"]["label_smoothing"],
+        scheduled_sampling=sampling_schedule(config["train"]),
+        pad_id=PAD_ID,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
+        name="seq2seq",
+    )
+    model.build({"source_ids": (None, None), "target_input_ids": (None, None)})
+    return model

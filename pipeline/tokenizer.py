@@ -1,0 +1,107 @@
+"""Subword vocabularies: SentencePiece models trained on the training data.
+
+SentencePiece is the one format read by tensorflow-text (inside the tf.data pipeline and the
+exported SavedModel), by the `sentencepiece` package (a TensorFlow-free runtime) and by
+onnxruntime-extensions, so every consumer tokenises identically from the same file.
+"""
+
+import io
+import os
+from pathlib import Path
+
+import sentencepiece
+import tensorflow as tf
+import tensorflow_text as tf_text
+
+from pipeline.errors import UserError
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+SPECIAL_PIECES = {"pad_piece": "<pad>", "unk_piece": "<unk>", "bos_piece": "<s>", "eos_piece": "</s>"}
+
+
+def train_sentencepiece(sentences, vocab_size, model_type, path):
+    """Trains a model on `sentences` and writes `path` (.model) and its `.vocab` text beside it.
+
+    Writes are atomic: a half-written vocabulary never sits under the final name.
+    """
+    model = io.BytesIO()
+    try:
+        sentencepiece.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences),
+            model_writer=model,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=1.0,
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            # A small corpus may not support the requested size; take what it supports.
+            hard_vocab_limit=False,
+            num_threads=os.cpu_count() or 1,
+            minloglevel=2,
+            **SPECIAL_PIECES,
+        )
+    except RuntimeError as error:
+        raise UserError(f"cannot build the vocabulary {path}: {error}") from None
+    processor = sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
+    vocab_text = "".join(
+        f"{processor.id_to_piece(i)}\t{processor.get_score(i):g}\n"
+        for i in range(processor.get_piece_size())
+    )
+    path = Path(path)
+    for target, payload in ((path, model.getvalue()), (path.with_suffix(".vocab"), vocab_text.encode())):
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_bytes(payload)
+        os.replace(tmp, target)
+
+
+class Tokenizer:
+    """A SentencePiece model in TensorFlow ops: strings <-> int32 ids."""
+
+    def __init__(self, model_path):
+        self.model_path = Path(model_path)
+        try:
+            self.model_proto = self.model_path.read_bytes()
+            processor = sentencepiece.SentencePieceProcessor(model_proto=self.model_proto)
+        except (OSError, RuntimeError) as error:
+            raise UserError(f"{model_path}: not a readable SentencePiece model ({error})") from None
+        specials = [processor.pad_id(), processor.unk_id(), processor.bos_id(), processor.eos_id()]
+        if specials != [PAD_ID, UNK_ID, BOS_ID, EOS_ID]:
+            raise UserError(f"{model_path}: special token ids {specials}, expected 0, 1, 2, 3")
+        self.vocab_size = processor.get_piece_size()
+        self._tokenizer = tf_text.SentencepieceTokenizer(model=self.model_proto, out_type=tf.int32)
+
+    def tokenize(self, strings):
+        """`[batch]` strings -> ragged int32 ids `[batch, (tokens)]`, without <s> or </s>."""
+        return self._tokenizer.tokenize(strings)
+
+    def detokenize(self, ids):
+        """int32 ids `[batch, length]` (dense or ragged) -> `[batch]` strings.
+
+        Special tokens decode to nothing, so padded or </s>-terminated rows are fine.
+        """
+        return self._tokenizer.detokenize(ids)
+
+
+def vocabulary_paths(workdir):
+    vocab_dir = Path(workdir) / "vocab"
+    return vocab_dir / "source.model", vocab_dir / "target.model"
+
+
+def prepare_tokenizers(workdir, data_config, train_corpus, log=print):
+    """The source and target tokenizers of `workdir`, trained on first use, reused after."""
+    source_path, target_path = vocabulary_paths(workdir)
+    source_path.parent.mkdir(parents=True, exist_ok=True)
+    for path, sentences, size_key in (
+        (source_path, train_corpus.sources, "source_vocab_size"),
+        (target_path, train_corpus.targets, "target_vocab_size"),
+    ):
+        if path.exists():
+            log(f"Reusing the vocabulary {path}")
+            continue
+        log(f"Building a {data_config[size_key]}-piece {data_config['subword_model']} vocabulary: {path}")
+        train_sentencepiece(
+            (s for s in sentences if s.strip()), data_config[size_key], data_config["subword_model"], path
+        )
+    return Tokenizer(source_path), Tokenizer(target_path)

@@ -1,0 +1,58 @@
+"""The layout of a work directory, and loading what training left in it."""
+
+import os
+import tempfile
+from pathlib import Path
+
+import keras
+
+import layers  # noqa: F401  (registers the layers for deserialisation)
+from pipeline.config import load_config
+from pipeline.errors import UserError
+from pipeline.tokenizer import Tokenizer, vocabulary_paths
+
+CONFIG_FILE = "config.yaml"
+MODEL_FILE = "model.keras"
+CHECKPOINT_DIR = "checkpoints"
+LOG_DIR = "logs"
+TEST_REPORT = "test_report.json"
+TEST_TRANSLATIONS = "test_translations.txt"
+
+
+def save_model_atomically(model, path):
+    """Saves a `.keras` file through a temporary file in the same directory, then renames."""
+    path = Path(path)
+    handle, tmp = tempfile.mkstemp(suffix=".keras", dir=path.parent)
+    os.close(handle)
+    try:
+        model.save(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_text_atomically(path, text):
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def load_trained(workdir):
+    """The configuration, model and tokenizers of a trained work directory."""
+    workdir = Path(workdir)
+    config_path, model_path = workdir / CONFIG_FILE, workdir / MODEL_FILE
+    if not config_path.is_file() or not model_path.is_file():
+        raise UserError(
+            f"{workdir}: no trained model here (expected {CONFIG_FILE} and {MODEL_FILE}); "
+            "run python -m pipeline.train first"
+        )
+    config = load_config(config_path)
+    source_path, target_path = vocabulary_paths(workdir)
+    source_tokenizer, target_tokenizer = Tokenizer(source_path), Tokenizer(target_path)
+    try:
+        model = keras.saving.load_model(model_path)
+    except Exception as error:  # Keras raises many types for a damaged file
+        raise UserError(f"{model_path}: cannot load the model ({error})") from None
+    return config, model, source_tokenizer, target_tokenizer
