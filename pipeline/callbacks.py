@@ -72,4 +72,6 @@ class ValidationBleu(keras.callbacks.Callback):
         scores = score_translations(self.translator.translate(self.sources), self.references)
         if logs is not None:
             logs["val_bleu"] = scores["bleu"]
-        self.log(f"epoch {epoch + 1}: BLEU {scores['bleu']} on {len(self.sources)} validation sentences")
+        self.log(
+            f"epoch {epoch + 1}: BLEU {scores['bleu']} on {len(self.sources)} validation sentences"
+        )

@@ -148,8 +148,11 @@ def _check_value(name, field, value, where):
             return None
         raise UserError(f"{where}: {name} must not be empty")
     kind = field.kind
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
+    if kind is float and not isinstance(value, bool) and isinstance(value, (int, str)):
+        try:  # YAML reads 1e-3 (no dot) as a string
+            value = float(value)
+        except ValueError:
+            pass
     if kind is int and isinstance(value, bool) or not isinstance(value, kind):
         type_name = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
         raise UserError(f"{where}: {name} must be {type_name[kind]}, got {value!r}")
@@ -173,7 +176,9 @@ def _merge(config, overrides, where, base_dir):
             raise UserError(f"{where}: section '{section}' must be a mapping of keys")
         for key, value in values.items():
             if key not in SCHEMA[section]:
-                raise _unknown(f"{section}.{key}", [f"{section}.{k}" for k in SCHEMA[section]], where)
+                raise _unknown(
+                    f"{section}.{key}", [f"{section}.{k}" for k in SCHEMA[section]], where
+                )
             field = SCHEMA[section][key]
             value = _check_value(f"{section}.{key}", field, value, where)
             if field.path and value is not None:

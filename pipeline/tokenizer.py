@@ -16,7 +16,12 @@ import tensorflow_text as tf_text
 from pipeline.errors import UserError
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
-SPECIAL_PIECES = {"pad_piece": "<pad>", "unk_piece": "<unk>", "bos_piece": "<s>", "eos_piece": "</s>"}
+SPECIAL_PIECES = {
+    "pad_piece": "<pad>",
+    "unk_piece": "<unk>",
+    "bos_piece": "<s>",
+    "eos_piece": "</s>",
+}
 
 
 def train_sentencepiece(sentences, vocab_size, model_type, path):
@@ -50,7 +55,10 @@ def train_sentencepiece(sentences, vocab_size, model_type, path):
         for i in range(processor.get_piece_size())
     )
     path = Path(path)
-    for target, payload in ((path, model.getvalue()), (path.with_suffix(".vocab"), vocab_text.encode())):
+    for target, payload in (
+        (path, model.getvalue()),
+        (path.with_suffix(".vocab"), vocab_text.encode()),
+    ):
         tmp = target.with_name(target.name + ".tmp")
         tmp.write_bytes(payload)
         os.replace(tmp, target)
@@ -100,8 +108,13 @@ def prepare_tokenizers(workdir, data_config, train_corpus, log=print):
         if path.exists():
             log(f"Reusing the vocabulary {path}")
             continue
-        log(f"Building a {data_config[size_key]}-piece {data_config['subword_model']} vocabulary: {path}")
+        log(
+            f"Building a {data_config[size_key]}-piece {data_config['subword_model']} vocabulary: {path}"
+        )
         train_sentencepiece(
-            (s for s in sentences if s.strip()), data_config[size_key], data_config["subword_model"], path
+            (s for s in sentences if s.strip()),
+            data_config[size_key],
+            data_config["subword_model"],
+            path,
         )
     return Tokenizer(source_path), Tokenizer(target_path)

@@ -18,11 +18,15 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m pipeline.train", description=__doc__)
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="experiment YAML")
     parser.add_argument(
-        "--workdir", type=Path, help="where vocabularies, checkpoints and reports go "
-        "(default: runs/<config name>)"
+        "--workdir",
+        type=Path,
+        help="where vocabularies, checkpoints and reports go (default: runs/<config name>)",
     )
     parser.add_argument(
-        "--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
         help="override one configuration value; repeatable",
     )
     return parser.parse_args(argv)
@@ -77,23 +81,32 @@ def run(config, workdir):
     from pipeline.tokenizer import prepare_tokenizers
     from pipeline.translation import Translator
     from pipeline.workdir import (
-        CHECKPOINT_DIR, LOG_DIR, MODEL_FILE, TEST_REPORT, TEST_TRANSLATIONS,
-        save_model_atomically, write_text_atomically,
+        CHECKPOINT_DIR,
+        LOG_DIR,
+        MODEL_FILE,
+        TEST_REPORT,
+        TEST_TRANSLATIONS,
+        save_model_atomically,
+        write_text_atomically,
     )
 
     data, train = config["data"], config["train"]
     keras.utils.set_random_seed(train["seed"])
     corpora = {split: read_split(data, split) for split in ("train", "valid", "test")}
     source_tokenizer, target_tokenizer = prepare_tokenizers(workdir, data, corpora["train"], log)
-    log(f"Vocabularies: {source_tokenizer.vocab_size} source, {target_tokenizer.vocab_size} target pieces")
+    log(
+        f"Vocabularies: {source_tokenizer.vocab_size} source, {target_tokenizer.vocab_size} target pieces"
+    )
 
     def encoded(split):
         return encode_corpus(corpora[split], source_tokenizer, target_tokenizer, data, split, log)
 
     max_length = max(data["max_source_length"], data["max_target_length"])
     batching = dict(
-        batch_size=train["batch_size"], batch_tokens=train["batch_tokens"],
-        bucket_width=train["bucket_width"], max_length=max_length,
+        batch_size=train["batch_size"],
+        batch_tokens=train["batch_tokens"],
+        bucket_width=train["bucket_width"],
+        max_length=max_length,
     )
     train_set = encoded("train")
     if not len(train_set):
@@ -113,8 +126,11 @@ def run(config, workdir):
     model = build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
     optimizer = keras.optimizers.Adam(
         LearningRateSchedule(
-            train["lr_schedule"], train["learning_rate"], train["warmup_steps"],
-            train["decay_steps"], train["decay_rate"],
+            train["lr_schedule"],
+            train["learning_rate"],
+            train["warmup_steps"],
+            train["decay_steps"],
+            train["decay_rate"],
         ),
         global_clipnorm=train["clip_norm"] or None,
     )
@@ -143,8 +159,11 @@ def run(config, workdir):
         subset = corpora["valid"].sources[: train["bleu_subset"]]
         callbacks.append(
             training_callbacks.ValidationBleu(
-                translator, subset, corpora["valid"].targets[: len(subset)],
-                train["bleu_every_epochs"], log,
+                translator,
+                subset,
+                corpora["valid"].targets[: len(subset)],
+                train["bleu_every_epochs"],
+                log,
             )
         )
     if train["early_stopping_patience"] and valid_data is not None:
@@ -156,8 +175,9 @@ def run(config, workdir):
     callbacks.append(keras.callbacks.TensorBoard(str(workdir / LOG_DIR)))
 
     start = time.perf_counter()
+    history = {}
     if int(completed_epochs.numpy()) < train["epochs"]:
-        model.fit(
+        history = model.fit(
             train_data,
             epochs=train["epochs"],
             initial_epoch=int(completed_epochs.numpy()),
@@ -166,7 +186,7 @@ def run(config, workdir):
             callbacks=callbacks,
             shuffle=False,  # the dataset shuffles itself, seeded
             verbose=1,
-        )
+        ).history
     training_seconds = time.perf_counter() - start
     save_model_atomically(model, workdir / MODEL_FILE)
     log(f"Trained for {training_seconds:.0f} s; model saved to {workdir / MODEL_FILE}")
@@ -182,6 +202,7 @@ def run(config, workdir):
             f"Test: BLEU {report['bleu']} (lowercased {report['bleu_lowercase']}), "
             f"chrF {report['chrf']}  [{report['bleu_signature']}]"
         )
+    return history
 
 
 @report_user_errors
@@ -193,7 +214,7 @@ def main(argv=None):
     _check_workdir(workdir, config)
     save_config(config, workdir / "config.yaml")
     log(f"Work directory: {workdir} (configuration written to {workdir / 'config.yaml'})")
-    run(config, workdir)
+    history = run(config, workdir)
     log(
         "\nDone. Everything is in " + str(workdir) + ":\n"
         f"  model.keras, vocab/, checkpoints/, logs/ (tensorboard --logdir {workdir / 'logs'})\n"
@@ -202,6 +223,7 @@ def main(argv=None):
         f"  echo 'Ein Hund läuft im Park.' | python -m pipeline.translate --workdir {workdir}\n"
         f"  python -m pipeline.evaluate --workdir {workdir} --split test"
     )
+    return history
 
 
 if __name__ == "__main__":

@@ -1,0 +1,130 @@
+"""Configuration: every shipped config loads; bad keys, types and values are refused clearly."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import PROJECT_ROOT, load_config, parse_overrides
+from pipeline.errors import UserError
+
+CONFIGS = sorted((PROJECT_ROOT / "configs").glob("*.yaml"))
+
+
+def write(tmp_path, text, name="experiment.yaml"):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+MINIMAL = "data:\n  train_source: a.de\n  train_target: a.en\n"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_shipped_configs_load_and_point_at_existing_data(path):
+    config = load_config(path)
+    for key, value in config["data"].items():
+        if key.endswith(("_source", "_target", "_tsv")) and value:
+            assert Path(value).is_file(), f"{path.name}: data.{key} -> {value}"
+
+
+def test_shipped_configs_include_the_required_recipes():
+    assert {"default", "smoke", "multi30k_de_en"} <= {p.stem for p in CONFIGS}
+
+
+def test_paths_resolve_against_the_config_file(tmp_path):
+    config = load_config(write(tmp_path, MINIMAL))
+    assert config["data"]["train_source"] == str(tmp_path / "a.de")
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        (
+            MINIMAL + "model:\n  atention: luong_dot\n",
+            "unknown key 'model.atention' (did you mean 'model.attention'?)",
+        ),
+        (MINIMAL + "modle:\n  dropout: 0.1\n", "unknown key 'modle' (did you mean 'model'?)"),
+        (MINIMAL + "train:\n  epochs: ten\n", "train.epochs must be an integer, got 'ten'"),
+        (MINIMAL + "train:\n  epochs: 2.5\n", "train.epochs must be an integer"),
+        (MINIMAL + "model:\n  bidirectional: 1\n", "model.bidirectional must be true or false"),
+        (MINIMAL + "train:\n  batch_size: 0\n", "train.batch_size must be at least 1, got 0"),
+        (MINIMAL + "model:\n  dropout: 1.5\n", "model.dropout must be at most 1.0"),
+        (
+            MINIMAL + "model:\n  cell_type: lstn\n",
+            "model.cell_type must be one of lstm, gru, simple_rnn",
+        ),
+        (
+            MINIMAL + "model:\n  attention: none\n  input_feeding: true\n",
+            "model.input_feeding needs",
+        ),
+        ("data:\n  train_source: a.de\n", "data.train_target is missing"),
+        ("model:\n  dropout: 0.1\n", "no training data"),
+        (MINIMAL + "  train_tsv: a.tsv\n", "alternatives"),
+        (MINIMAL + "train: [1, 2]\n", "section 'train' must be a mapping"),
+        (MINIMAL + "train:\n  epochs: [1\n", "invalid YAML"),
+        (MINIMAL + "train:\n  bleu_every_epochs: 1\n", "needs validation data"),
+    ],
+)
+def test_bad_configs_name_the_key_and_the_file(tmp_path, text, message):
+    path = write(tmp_path, text)
+    with pytest.raises(UserError) as error:
+        load_config(path)
+    assert message in str(error.value)
+    assert str(path) in str(error.value) or "--set" in str(error.value)
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(UserError, match="configuration file not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_overrides_take_yaml_values_and_win(tmp_path):
+    path = write(tmp_path, MINIMAL + "train:\n  epochs: 4\n")
+    config = load_config(
+        path, ["train.epochs=7", "model.attention=luong_general", "train.clip_norm=null"]
+    )
+    assert config["train"]["epochs"] == 7
+    assert config["model"]["attention"] == "luong_general"
+    assert config["train"]["clip_norm"] is None
+    assert parse_overrides(["train.seed=3", "a.b=x"]) == {"train": {"seed": 3}, "a": {"b": "x"}}
+    assert load_config(path, ["train.learning_rate=1e-3"])["train"]["learning_rate"] == 1e-3
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("train.epoch=3", "--set: unknown key 'train.epoch' (did you mean 'train.epochs'?)"),
+        ("epochs=3", "expected SECTION.KEY=VALUE"),
+        ("train.epochs", "expected SECTION.KEY=VALUE"),
+        ("train.epochs=0", "--set: train.epochs must be at least 1"),
+    ],
+)
+def test_bad_overrides(tmp_path, override, message):
+    with pytest.raises(UserError) as error:
+        load_config(write(tmp_path, MINIMAL), [override])
+    assert message in str(error.value)
+
+
+def test_command_line_reports_one_line_and_exit_status_2(tmp_path):
+    path = write(tmp_path, MINIMAL + "train:\n  epochz: 3\n")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.train",
+            "--config",
+            str(path),
+            "--workdir",
+            str(tmp_path / "w"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: {path}: unknown key 'train.epochz' (did you mean 'train.epochs'?)"
+    )
