@@ -108,9 +108,8 @@ def prepare_tokenizers(workdir, data_config, train_corpus, log=print):
         if path.exists():
             log(f"Reusing the vocabulary {path}")
             continue
-        log(
-            f"Building a {data_config[size_key]}-piece {data_config['subword_model']} vocabulary: {path}"
-        )
+        size, kind = data_config[size_key], data_config["subword_model"]
+        log(f"Building a {size}-piece {kind} vocabulary: {path}")
         train_sentencepiece(
             (s for s in sentences if s.strip()),
             data_config[size_key],

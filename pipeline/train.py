@@ -94,9 +94,8 @@ def run(config, workdir):
     keras.utils.set_random_seed(train["seed"])
     corpora = {split: read_split(data, split) for split in ("train", "valid", "test")}
     source_tokenizer, target_tokenizer = prepare_tokenizers(workdir, data, corpora["train"], log)
-    log(
-        f"Vocabularies: {source_tokenizer.vocab_size} source, {target_tokenizer.vocab_size} target pieces"
-    )
+    sizes = source_tokenizer.vocab_size, target_tokenizer.vocab_size
+    log(f"Vocabularies: {sizes[0]} source, {sizes[1]} target pieces")
 
     def encoded(split):
         return encode_corpus(corpora[split], source_tokenizer, target_tokenizer, data, split, log)

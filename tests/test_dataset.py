@@ -8,7 +8,9 @@ from pipeline.corpus import ParallelCorpus
 from pipeline.dataset import bucket_boundaries, encode_corpus, make_dataset
 from pipeline.tokenizer import BOS_ID, EOS_ID, Tokenizer, train_sentencepiece
 
-WORDS = "der die das ein eine hund katze mann frau kind läuft springt sitzt im park auf dem gras".split()
+WORDS = (
+    "der die das ein eine hund katze mann frau kind läuft springt sitzt im park auf dem gras"
+).split()
 
 
 @pytest.fixture(scope="module")
