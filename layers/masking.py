@@ -38,14 +38,19 @@ def masked_softmax(scores, mask=None):
         a row with no unmasked position is all zeros, so it contributes an all-zero context.
     """
     if mask is None:
-        return ops.softmax(scores, axis=-1)
+        return _softmax(scores)
     # Broadcast [batch, src_len] to [batch, 1, ..., 1, src_len].
     while len(mask.shape) < len(scores.shape):
         mask = ops.expand_dims(mask, axis=1)
     dtype = scores.dtype
-    filled = ops.where(mask, scores, ops.cast(_large_negative(dtype), dtype))
-    weights = ops.softmax(filled, axis=-1)
+    weights = _softmax(ops.where(mask, scores, ops.cast(_large_negative(dtype), dtype)))
     return ops.where(mask, weights, ops.zeros_like(weights))
+
+
+def _softmax(scores):
+    # Written out: keras.ops.softmax warns on a source of one token, a legitimate input.
+    exponentials = ops.exp(scores - ops.max(scores, axis=-1, keepdims=True))
+    return exponentials / ops.sum(exponentials, axis=-1, keepdims=True)
 
 
 def reverse_padded(sequences, lengths):

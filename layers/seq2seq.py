@@ -79,6 +79,10 @@ class Seq2Seq(keras.Model):
 
     # Decoding contract.
 
+    @property
+    def target_vocab_size(self):
+        return self.decoder.vocab_size
+
     def encode(self, source_ids, training=False):
         """Runs the encoder once per source: a dict of batch-major tensors for `decode_step`."""
         memory, final_states, memory_mask = self.encoder(source_ids, training=training)

@@ -1,12 +1,16 @@
 """Decoding search over the model's step function, as graph-friendly TensorFlow loops.
 
 Search depends only on the `Seq2Seq` decoding contract (`encode`, `initial_decoder_state`,
-`decode_step`), never on a model's internals. Loops run over fixed-shape buffers
-(`[batch, max_length]`) with an early exit once every hypothesis has finished, and avoid
-TensorArrays and integer one-hot ops so that the same code converts to ONNX.
+`decode_step`, and the `pad_id`/`bos_id`/`eos_id`/`target_vocab_size` attributes), never on a
+model's internals. Loops run over fixed-shape buffers (`[batch, beam, max_length]`), reorder
+beams with `tf.gather(..., batch_dims=1)`, stop early once every hypothesis has finished, and
+avoid TensorArrays and integer one-hot ops, so that the same code converts to ONNX. Beam size,
+number of hypotheses, penalties and lengths may be tensors: changing them needs no retracing.
 """
 
 import tensorflow as tf
+
+NEG_INF = -1e9  # a finite "impossible" score: -inf would turn into NaN in sums and products
 
 
 def max_decode_length(source_lengths, ratio, offset, cap):
@@ -16,27 +20,21 @@ def max_decode_length(source_lengths, ratio, offset, cap):
     return tf.minimum(limit, cap)
 
 
-def _write_column(buffer, t, values):
-    """`buffer[:, t] = values` for a `[batch, length, ...]` buffer, as a select."""
-    at_t = tf.equal(tf.range(tf.shape(buffer)[1]), t)
-    at_t = tf.reshape(at_t, [1, -1] + [1] * (len(buffer.shape) - 2))
-    return tf.where(at_t, tf.expand_dims(values, 1), buffer)
+def _write_column(buffer, t, values, axis):
+    """`buffer` with index t of its (time) `axis` set to `values`, as a select."""
+    at_t = tf.equal(tf.range(tf.shape(buffer)[axis]), t)
+    at_t = tf.reshape(at_t, [1] * axis + [-1] + [1] * (len(buffer.shape) - axis - 1))
+    return tf.where(at_t, tf.expand_dims(values, axis), buffer)
 
 
-def greedy_search(model, source_ids, max_length):
-    """The most probable token at each step, until </s> or `max_length` tokens.
+def _suppress_eos(log_probs, eos_id, t, min_length):
+    """Forbids </s> before `min_length` tokens."""
+    is_eos = tf.equal(tf.range(tf.shape(log_probs)[-1]), eos_id)
+    return tf.where(tf.logical_and(is_eos, t < min_length), NEG_INF, log_probs)
 
-    Args:
-        model: a model honouring the decoding contract (see `layers.Seq2Seq`).
-        source_ids: int32 `[batch, src_len]`, right-padded.
-        max_length: scalar int, the most tokens to produce (</s> included).
 
-    Returns:
-        ids: int32 `[batch, max_length]`, each row ending with </s> then padding (or cut at
-            `max_length`); lengths: int32 `[batch]`, tokens up to and including </s>;
-        scores: float32 `[batch]`, the sum of the chosen tokens' log-probabilities;
-        attention: float32 `[batch, max_length, src_len]` (zeros for a model without it).
-    """
+def _sequential_search(model, source_ids, max_length, choose, min_length=0):
+    """Picks one token per step with `choose(log_probs, logits, t)` until </s> or max_length."""
     batch = tf.shape(source_ids)[0]
     encoded = model.encode(source_ids)
     state = model.initial_decoder_state(encoded)
@@ -51,15 +49,16 @@ def greedy_search(model, source_ids, max_length):
 
     def step(t, tokens, state, ids, attention, finished, scores):
         logits, state, weights = model.decode_step(tokens, state, encoded)
-        log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32))
-        best = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
-        best_score = tf.reduce_max(log_probs, axis=-1)
-        tokens = tf.where(finished, model.pad_id, best)
-        scores += tf.where(finished, 0.0, best_score)
-        ids = _write_column(ids, t, tokens)
+        logits = _suppress_eos(tf.cast(logits, tf.float32), model.eos_id, t, min_length)
+        log_probs = tf.nn.log_softmax(logits)
+        chosen = choose(log_probs, logits, t)
+        tokens = tf.where(finished, model.pad_id, chosen)
+        chosen_log_prob = tf.gather(log_probs, chosen, batch_dims=1)
+        scores += tf.where(finished, 0.0, chosen_log_prob)
+        ids = _write_column(ids, t, tokens, axis=1)
         if weights is not None:
             weights = tf.where(finished[:, None], 0.0, tf.cast(weights, tf.float32))
-            attention = _write_column(attention, t, weights)
+            attention = _write_column(attention, t, weights, axis=1)
         finished = tf.logical_or(finished, tf.equal(tokens, model.eos_id))
         return t + 1, tokens, state, ids, attention, finished, scores
 
@@ -67,4 +66,221 @@ def greedy_search(model, source_ids, max_length):
         not_done, step, (tf.constant(0), tokens, state, ids, attention, finished, scores)
     )
     lengths = tf.reduce_sum(tf.cast(tf.not_equal(ids, model.pad_id), tf.int32), axis=1)
+    return ids, lengths, scores, attention
+
+
+def greedy_search(model, source_ids, max_length, min_length=0):
+    """The most probable token at each step, until </s> or `max_length` tokens.
+
+    Args:
+        model: a model honouring the decoding contract (see `layers.Seq2Seq`).
+        source_ids: int32 `[batch, src_len]`, right-padded.
+        max_length: scalar int, the most tokens to produce (</s> included).
+        min_length: </s> is forbidden before this many tokens.
+
+    Returns:
+        ids: int32 `[batch, max_length]`, each row ending with </s> then padding (or cut at
+            `max_length`); lengths: int32 `[batch]`, tokens up to and including </s>;
+        scores: float32 `[batch]`, the sum of the chosen tokens' log-probabilities;
+        attention: float32 `[batch, max_length, src_len]` (zeros for a model without it).
+    """
+
+    def argmax(log_probs, logits, t):
+        return tf.argmax(log_probs, axis=-1, output_type=tf.int32)
+
+    return _sequential_search(model, source_ids, max_length, argmax, min_length)
+
+
+def _filter_logits(logits, top_k, top_p):
+    """Keeps the `top_k` most probable tokens (0: all) within cumulative probability `top_p`."""
+    vocab = tf.shape(logits)[-1]
+    k = tf.where(top_k > 0, tf.minimum(top_k, vocab), vocab)
+    sorted_logits = tf.sort(logits, axis=-1, direction="DESCENDING")
+    kth_largest = tf.gather(sorted_logits, tf.fill([tf.shape(logits)[0]], k - 1), batch_dims=1)
+    cumulative = tf.cumsum(tf.nn.softmax(sorted_logits), axis=-1, exclusive=True)
+    # The nucleus: tokens whose more-probable predecessors hold less than top_p (at least one).
+    in_nucleus = tf.logical_or(cumulative < top_p, tf.equal(tf.range(vocab), 0))
+    smallest_kept = tf.reduce_min(tf.where(in_nucleus, sorted_logits, sorted_logits[:, :1]), -1)
+    threshold = tf.maximum(kth_largest, smallest_kept)
+    return tf.where(logits < threshold[:, None], NEG_INF, logits)
+
+
+def sampling_search(
+    model, source_ids, max_length, temperature=1.0, top_k=0, top_p=1.0, seed=(0, 0), min_length=0
+):
+    """Draws each token from the model's distribution, sharpened or flattened by `temperature`
+    and restricted to the `top_k` tokens and the `top_p` nucleus. The same `seed` gives the same
+    output. Returns what `greedy_search` returns; scores are the untempered log-probabilities.
+    """
+    seed = tf.cast(tf.convert_to_tensor(seed), tf.int32)
+
+    def draw(log_probs, logits, t):
+        filtered = _filter_logits(logits / temperature, top_k, top_p)
+        step_seed = seed + tf.stack([t, 0])
+        sample = tf.random.stateless_categorical(filtered, 1, step_seed, dtype=tf.int32)
+        return sample[:, 0]
+
+    return _sequential_search(model, source_ids, max_length, draw, min_length)
+
+
+def length_penalty(lengths, alpha, kind="gnmt"):
+    """The divisor of a hypothesis' log-probability: |Y|^alpha ("average") or the GNMT
+    ((5 + |Y|) / 6)^alpha (Wu et al., 2016). alpha = 0 leaves scores unnormalised."""
+    lengths = tf.cast(lengths, tf.float32)
+    if kind == "average":
+        return tf.pow(lengths, alpha)
+    if kind == "gnmt":
+        return tf.pow((5.0 + lengths) / 6.0, alpha)
+    raise ValueError(f"length penalty must be 'average' or 'gnmt', got {kind!r}")
+
+
+def coverage_penalty(coverage, source_mask, beta):
+    """GNMT's beta * sum_i log(min(sum_j a_ij, 1)) over the real source positions i."""
+    covered = tf.math.log(tf.clip_by_value(coverage, 1e-10, 1.0))
+    return beta * tf.reduce_sum(tf.where(source_mask, covered, 0.0), axis=-1)
+
+
+def _tile_beams(tree, beam_size):
+    return tf.nest.map_structure(lambda x: tf.repeat(x, beam_size, axis=0), tree)
+
+
+def _reorder(tree, indices):
+    return tf.nest.map_structure(lambda x: tf.gather(x, indices), tree)
+
+
+def beam_search(
+    model,
+    source_ids,
+    max_length,
+    beam_size=5,
+    n_best=1,
+    alpha=0.0,
+    penalty="gnmt",
+    beta=0.0,
+    min_length=0,
+):
+    """Batched beam search with length normalisation (the seeds' 004 algorithm).
+
+    At each step every alive hypothesis is extended by every token; of the best 2k candidates,
+    those among the top k that end in </s> are saved and not expanded, and the best k that do
+    not end in </s> stay alive. Search stops once k hypotheses have been saved for every
+    sentence (the best k are kept), or at `max_length`, where alive hypotheses fill any places
+    still empty. Saved hypotheses are ranked by
+    log P(Y|X) / length_penalty(|Y|) + coverage_penalty, and the best `n_best` returned.
+
+    Args:
+        model: a model honouring the decoding contract (see `layers.Seq2Seq`).
+        source_ids: int32 `[batch, src_len]`, right-padded.
+        max_length: most tokens per hypothesis (</s> included).
+        beam_size: k, hypotheses kept alive per sentence. 1 gives the greedy output.
+        n_best: hypotheses returned per sentence (at most `beam_size`).
+        alpha, penalty: the length penalty (see `length_penalty`).
+        beta: the weight of the coverage penalty (0 for none).
+        min_length: </s> is forbidden before this many tokens.
+
+    Returns:
+        ids: int32 `[batch, n_best, max_length]`, best first; lengths: int32 `[batch, n_best]`
+        (</s> included); scores: float32 `[batch, n_best]` (the ranking score);
+        attention: float32 `[batch, n_best, max_length, src_len]`.
+    """
+    beam_size = tf.convert_to_tensor(beam_size, tf.int32)
+    n_best = tf.minimum(tf.convert_to_tensor(n_best, tf.int32), beam_size)
+    alpha = tf.convert_to_tensor(alpha, tf.float32)
+    beta = tf.convert_to_tensor(beta, tf.float32)
+    batch, src_len = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
+    vocab = model.target_vocab_size
+
+    encoded = model.encode(source_ids)
+    state = _tile_beams(model.initial_decoder_state(encoded), beam_size)
+    encoded = _tile_beams(encoded, beam_size)
+    source_mask = tf.not_equal(source_ids, model.pad_id)[:, None, :]
+    pad = tf.constant(model.pad_id, tf.int32)
+
+    alive_ids = tf.fill([batch, beam_size, max_length], pad)
+    # Only the first beam is live at the start, or the k beams would be k copies.
+    first_beam = tf.equal(tf.range(beam_size), 0)
+    alive_scores = tf.tile(tf.where(first_beam, 0.0, NEG_INF)[None], [batch, 1])
+    alive_attention = tf.zeros([batch, beam_size, max_length, src_len])
+    alive_coverage = tf.zeros([batch, beam_size, src_len])
+    saved_ids = tf.fill([batch, beam_size, max_length], pad)
+    saved_scores = tf.fill([batch, beam_size], NEG_INF)
+    saved_attention = tf.zeros([batch, beam_size, max_length, src_len])
+    tokens = tf.fill([batch * beam_size], tf.constant(model.bos_id, tf.int32))
+
+    def not_done(t, tokens, state, alive_ids, alive_scores, alive_attention, alive_coverage,
+                 saved_ids, saved_scores, saved_attention):  # fmt: skip
+        saved = tf.reduce_sum(tf.cast(saved_scores > NEG_INF / 2, tf.int32), axis=1)
+        return tf.logical_and(t < max_length, tf.reduce_any(saved < beam_size))
+
+    def step(t, tokens, state, alive_ids, alive_scores, alive_attention, alive_coverage,
+             saved_ids, saved_scores, saved_attention):  # fmt: skip
+        logits, state, weights = model.decode_step(tokens, state, encoded)
+        logits = _suppress_eos(tf.cast(logits, tf.float32), model.eos_id, t, min_length)
+        log_probs = tf.reshape(tf.nn.log_softmax(logits), [batch, beam_size, vocab])
+        candidates = tf.reshape(alive_scores[:, :, None] + log_probs, [batch, -1])
+        top_scores, top_indices = tf.math.top_k(candidates, k=2 * beam_size)
+        origin = top_indices // vocab
+        top_tokens = top_indices % vocab
+
+        ids = _write_column(tf.gather(alive_ids, origin, batch_dims=1), t, top_tokens, axis=2)
+        attention = tf.gather(alive_attention, origin, batch_dims=1)
+        coverage = tf.gather(alive_coverage, origin, batch_dims=1)
+        if weights is not None:
+            step_weights = tf.gather(
+                tf.reshape(tf.cast(weights, tf.float32), [batch, beam_size, -1]),
+                origin,
+                batch_dims=1,
+            )
+            attention = _write_column(attention, t, step_weights, axis=2)
+            coverage += step_weights
+
+        # Save the candidates among the top k that end the sentence.
+        ends = tf.logical_and(tf.equal(top_tokens, model.eos_id), top_scores > NEG_INF / 2)
+        in_top_k = tf.range(2 * beam_size) < beam_size
+        normalized = top_scores / length_penalty(t + 1, alpha, penalty)
+        normalized += coverage_penalty(coverage, source_mask, beta)
+        new_saved = tf.where(tf.logical_and(ends, in_top_k), normalized, NEG_INF)
+        pool_scores = tf.concat([saved_scores, new_saved], axis=1)
+        saved_scores, best = tf.math.top_k(pool_scores, k=beam_size)
+        saved_ids = tf.gather(tf.concat([saved_ids, ids], 1), best, batch_dims=1)
+        saved_attention = tf.gather(tf.concat([saved_attention, attention], 1), best, batch_dims=1)
+
+        # Keep the best k candidates that do not end.
+        alive_scores, keep = tf.math.top_k(tf.where(ends, NEG_INF, top_scores), k=beam_size)
+        alive_ids = tf.gather(ids, keep, batch_dims=1)
+        alive_attention = tf.gather(attention, keep, batch_dims=1)
+        alive_coverage = tf.gather(coverage, keep, batch_dims=1)
+        parents = tf.gather(origin, keep, batch_dims=1)
+        flat_parents = tf.reshape(parents + tf.range(batch)[:, None] * beam_size, [-1])
+        state = _reorder(state, flat_parents)
+        tokens = tf.reshape(tf.gather(top_tokens, keep, batch_dims=1), [-1])
+        return (t + 1, tokens, state, alive_ids, alive_scores, alive_attention, alive_coverage,
+                saved_ids, saved_scores, saved_attention)  # fmt: skip
+
+    loop_vars = (
+        tf.constant(0), tokens, state, alive_ids, alive_scores, alive_attention, alive_coverage,
+        saved_ids, saved_scores, saved_attention,
+    )  # fmt: skip
+    (t, _, _, alive_ids, alive_scores, alive_attention, alive_coverage,
+     saved_ids, saved_scores, saved_attention) = tf.while_loop(not_done, step, loop_vars)  # fmt: skip
+
+    # Sentences cut at max_length: the best alive hypotheses fill the places no saved one took.
+    alive_final = alive_scores / length_penalty(t, alpha, penalty)
+    alive_final += coverage_penalty(alive_coverage, source_mask, beta)
+    alive_final, alive_order = tf.math.top_k(alive_final, k=beam_size)
+    n_saved = tf.reduce_sum(tf.cast(saved_scores > NEG_INF / 2, tf.int32), axis=1, keepdims=True)
+    place = tf.range(n_best)[None, :]
+    source = tf.where(place < n_saved, place, beam_size + place - n_saved)
+    scores = tf.gather(tf.concat([saved_scores, alive_final], 1), source, batch_dims=1)
+    ids = tf.gather(
+        tf.concat([saved_ids, tf.gather(alive_ids, alive_order, batch_dims=1)], 1),
+        source,
+        batch_dims=1,
+    )
+    attention = tf.gather(
+        tf.concat([saved_attention, tf.gather(alive_attention, alive_order, batch_dims=1)], 1),
+        source,
+        batch_dims=1,
+    )
+    lengths = tf.reduce_sum(tf.cast(tf.not_equal(ids, model.pad_id), tf.int32), axis=2)
     return ids, lengths, scores, attention

@@ -1,0 +1,244 @@
+"""Search: greedy, sampling and beam search, on hand-built step functions and a real model."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import layers
+from helpers import reversal_data
+from pipeline.search import beam_search, greedy_search, length_penalty, sampling_search
+
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+
+
+class TableModel:
+    """A stand-in for Seq2Seq whose next-token distribution depends only on the previous
+    token: `table[previous]` are probabilities over the vocabulary. Its attention at step t
+    looks at source position t (clipped), so coverage is predictable."""
+
+    pad_id, bos_id, eos_id = PAD, BOS, EOS
+
+    def __init__(self, table):
+        table = np.asarray(table, np.float64)
+        self.target_vocab_size = table.shape[1]
+        with np.errstate(divide="ignore"):
+            self.log_table = tf.constant(np.where(table > 0, np.log(table), -1e9), tf.float32)
+
+    def encode(self, source_ids):
+        return {"source_length": tf.shape(source_ids)[1] + tf.zeros_like(source_ids[:, 0])}
+
+    def initial_decoder_state(self, encoded):
+        return {"t": tf.zeros_like(encoded["source_length"])}
+
+    def decode_step(self, tokens, state, encoded):
+        position = tf.minimum(state["t"], encoded["source_length"] - 1)
+        weights = tf.cast(
+            tf.equal(tf.range(tf.reduce_max(encoded["source_length"]))[None], position[:, None]),
+            tf.float32,
+        )
+        return tf.gather(self.log_table, tokens), {"t": state["t"] + 1}, weights
+
+
+def table(rows, vocab=6):
+    """Probabilities from {previous: {next: p}}; unlisted rows and tokens get nothing."""
+    probs = np.zeros((vocab, vocab))
+    for previous, nexts in rows.items():
+        for token, p in nexts.items():
+            probs[previous, token] = p
+    probs[[PAD, UNK, EOS], EOS] = 1.0
+    return probs
+
+
+A, B, C = 4, 5, 6
+GREEDY_TRAP = table(
+    {
+        BOS: {A: 0.5, B: 0.4, EOS: 0.1},
+        A: {A: 0.3, B: 0.3, EOS: 0.4},
+        B: {EOS: 0.9, A: 0.05, B: 0.05},
+    }
+)
+SOURCE = np.array([[7, 8, 9]], np.int32)
+
+
+def test_beam_search_finds_what_greedy_misses():
+    model = TableModel(GREEDY_TRAP)
+    ids, lengths, scores, _ = greedy_search(model, SOURCE, max_length=5)
+    assert ids.numpy()[0, :2].tolist() == [A, EOS] and lengths.numpy()[0] == 2
+    assert scores.numpy()[0] == pytest.approx(math.log(0.5 * 0.4), abs=1e-6)
+    ids, lengths, scores, _ = beam_search(model, SOURCE, max_length=5, beam_size=2, n_best=2)
+    assert ids.numpy()[0, 0, :2].tolist() == [B, EOS]
+    assert scores.numpy()[0, 0] == pytest.approx(math.log(0.4 * 0.9), abs=1e-6)
+    assert ids.numpy()[0, 1, :2].tolist() == [A, EOS]
+    assert scores.numpy()[0, 1] == pytest.approx(math.log(0.5 * 0.4), abs=1e-6)
+    np.testing.assert_array_equal(lengths.numpy()[0], [2, 2])
+
+
+def brute_force(probs, max_length, alpha, penalty):
+    """Every sequence ending in </s> within max_length, ranked like beam search ranks them."""
+    reachable = [t for t in range(probs.shape[1]) if t != EOS and probs[:, t].any()]
+    ranked = []
+    for length in range(1, max_length + 1):
+        for body in itertools.product(reachable, repeat=length - 1):
+            sequence = (*body, EOS)
+            previous, log_p = BOS, 0.0
+            for token in sequence:
+                log_p += math.log(max(probs[previous, token], 1e-30))
+                previous = token
+            lp = length**alpha if penalty == "average" else ((5 + length) / 6) ** alpha
+            ranked.append((log_p / lp, sequence))
+    return sorted(ranked, reverse=True)
+
+
+@pytest.mark.parametrize("alpha,penalty", [(0.0, "gnmt"), (1.0, "average"), (0.6, "gnmt")])
+def test_scores_and_ranking_match_exhaustive_enumeration(rng, alpha, penalty):
+    # Tokens after <s>: <unk>, A and </s>; with n_best = every complete sequence up to
+    # max_length and a beam wide enough to keep every candidate (24 at the last step), beam
+    # search must return all of them, ranked and scored exactly.
+    probs = rng.dirichlet(np.ones(5) * 0.5, size=5)
+    probs[:, [PAD, BOS]] = 0.0
+    probs /= probs.sum(1, keepdims=True)
+    expected = brute_force(probs, 4, alpha, penalty)
+    assert len(expected) == 15
+    ids, lengths, scores, _ = beam_search(
+        TableModel(probs),
+        SOURCE,
+        max_length=4,
+        beam_size=32,
+        n_best=15,
+        alpha=alpha,
+        penalty=penalty,
+    )
+    for rank, (score, sequence) in enumerate(expected):
+        assert scores.numpy()[0, rank] == pytest.approx(score, abs=1e-4)
+        assert tuple(ids.numpy()[0, rank, : lengths.numpy()[0, rank]]) == sequence
+
+
+def test_length_penalty_changes_the_choice():
+    # "C </s>" has the best log-probability; "A ... A </s>" the best per token.
+    probs = table({BOS: {A: 0.7, C: 0.3}, A: {A: 0.8, EOS: 0.2}, C: {EOS: 0.5, C: 0.5}}, vocab=7)
+    model = TableModel(probs)
+    ids, lengths, scores, _ = beam_search(model, SOURCE, max_length=6, beam_size=3, alpha=0.0)
+    assert ids.numpy()[0, 0, :2].tolist() == [C, EOS]
+    assert scores.numpy()[0, 0] == pytest.approx(math.log(0.3 * 0.5), abs=1e-5)
+    ids, lengths, scores, _ = beam_search(
+        model, SOURCE, max_length=6, beam_size=3, alpha=1.0, penalty="average"
+    )
+    # Three saved hypotheses end the search: C </s>, A </s> and A A </s>; the last wins.
+    assert ids.numpy()[0, 0].tolist() == [A, A, EOS, PAD, PAD, PAD]
+    expected = (math.log(0.7) + math.log(0.8) + math.log(0.2)) / 3
+    assert scores.numpy()[0, 0] == pytest.approx(expected, abs=1e-5)
+
+
+def test_min_length_suppresses_early_end():
+    model = TableModel(GREEDY_TRAP)
+    for search in (
+        lambda m: greedy_search(m, SOURCE, max_length=6, min_length=3)[0].numpy()[0],
+        lambda m: beam_search(m, SOURCE, max_length=6, beam_size=2, min_length=3)[0].numpy()[0, 0],
+    ):
+        ids = search(model)
+        end = list(ids).index(EOS)
+        assert end >= 3
+
+
+def test_max_length_cuts_and_alive_hypotheses_fill_in():
+    loop = table({BOS: {A: 1.0}, A: {A: 1.0}})
+    ids, lengths, scores, _ = beam_search(
+        TableModel(loop), SOURCE, max_length=4, beam_size=2, n_best=2
+    )
+    assert ids.numpy()[0, 0].tolist() == [A, A, A, A] and lengths.numpy()[0, 0] == 4
+    assert scores.numpy()[0, 0] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_coverage_penalty_is_added_exactly():
+    model = TableModel(GREEDY_TRAP)
+    _, _, plain, attention = beam_search(model, SOURCE, max_length=5, beam_size=2, beta=0.0)
+    _, _, covered, _ = beam_search(model, SOURCE, max_length=5, beam_size=2, beta=0.5)
+    # "B </s>" attends to source positions 0 then 1; position 2 gets nothing (log of 1e-10).
+    assert attention.numpy()[0, 0, :2, :].tolist() == [[1, 0, 0], [0, 1, 0]]
+    assert covered.numpy()[0, 0] == pytest.approx(
+        plain.numpy()[0, 0] + 0.5 * math.log(1e-10), rel=1e-5
+    )
+
+
+def test_length_penalty_formulas():
+    assert float(length_penalty(4, 0.6, "gnmt")) == pytest.approx((9 / 6) ** 0.6)
+    assert float(length_penalty(4, 0.5, "average")) == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        length_penalty(4, 0.5, "wrong")
+
+
+@pytest.fixture(scope="module")
+def trained_model():
+    rng = np.random.default_rng(3)
+    x, y = reversal_data(rng, 1500, 20)
+    encoder = layers.RecurrentEncoder(20, 16, 16, bidirectional=True)
+    decoder = layers.AttentionDecoder(
+        20, 16, 32, attention=layers.BahdanauAttention(16), input_feeding=True
+    )
+    model = layers.Seq2Seq(encoder, decoder)
+    model.compile(optimizer="adam")
+    model.fit(x, y, batch_size=64, epochs=2, verbose=0)
+    return model, reversal_data(rng, 12, 20)[0]["source_ids"]
+
+
+def test_beam_of_one_is_greedy(trained_model):
+    model, source = trained_model
+    greedy_ids, greedy_lengths, greedy_scores, greedy_attention = greedy_search(model, source, 10)
+    ids, lengths, scores, attention = beam_search(model, source, 10, beam_size=1)
+    np.testing.assert_array_equal(ids.numpy()[:, 0], greedy_ids.numpy())
+    np.testing.assert_array_equal(lengths.numpy()[:, 0], greedy_lengths.numpy())
+    np.testing.assert_allclose(scores.numpy()[:, 0], greedy_scores.numpy(), atol=1e-4)
+    np.testing.assert_allclose(attention.numpy()[:, 0], greedy_attention.numpy(), atol=1e-5)
+
+
+def test_a_sentence_decodes_the_same_alone_and_in_a_batch(trained_model):
+    model, source = trained_model
+    batch_ids = beam_search(model, source, 10, beam_size=3, n_best=2)[0].numpy()
+    greedy_ids = greedy_search(model, source, 10)[0].numpy()
+    for i in range(4):
+        alone = source[i : i + 1, : (source[i] != PAD).sum()]
+        np.testing.assert_array_equal(
+            beam_search(model, alone, 10, beam_size=3, n_best=2)[0].numpy()[0], batch_ids[i]
+        )
+        np.testing.assert_array_equal(greedy_search(model, alone, 10)[0].numpy()[0], greedy_ids[i])
+
+
+def test_beam_attention_is_a_distribution_until_the_end(trained_model):
+    model, source = trained_model
+    _, lengths, _, attention = beam_search(model, source, 10, beam_size=3, n_best=3)
+    for i in range(len(source)):
+        for rank in range(3):
+            n = lengths.numpy()[i, rank]
+            rows = attention.numpy()[i, rank]
+            np.testing.assert_allclose(rows[:n].sum(-1), 1.0, atol=1e-5)
+            assert np.all(rows[:n, (source[i] == PAD)] == 0)
+
+
+def test_sampling_is_seeded_and_its_filters_work(trained_model):
+    model, source = trained_model
+    first = sampling_search(model, source, 10, temperature=1.5, seed=(4, 2))[0].numpy()
+    again = sampling_search(model, source, 10, temperature=1.5, seed=(4, 2))[0].numpy()
+    other = sampling_search(model, source, 10, temperature=1.5, seed=(5, 2))[0].numpy()
+    np.testing.assert_array_equal(first, again)
+    assert not np.array_equal(first, other)
+    greedy = greedy_search(model, source, 10)[0].numpy()
+    np.testing.assert_array_equal(
+        sampling_search(model, source, 10, top_k=1, seed=(1, 1))[0].numpy(), greedy
+    )
+    np.testing.assert_array_equal(
+        sampling_search(model, source, 10, top_p=1e-6, seed=(1, 1))[0].numpy(), greedy
+    )
+
+
+def test_top_p_keeps_the_nucleus():
+    probs = table(
+        {BOS: {A: 0.5, B: 0.3, C: 0.2}, A: {EOS: 1.0}, B: {EOS: 1.0}, C: {EOS: 1.0}}, vocab=7
+    )
+    source = np.repeat(SOURCE, 200, axis=0)
+    first = sampling_search(TableModel(probs), source, 3, top_p=0.75, seed=(0, 1))[0].numpy()[:, 0]
+    assert set(first) == {A, B}  # 0.5 + 0.3 reach 0.75; C is outside the nucleus
+    first = sampling_search(TableModel(probs), source, 3, top_k=1, seed=(0, 1))[0].numpy()[:, 0]
+    assert set(first) == {A}
