@@ -261,8 +261,9 @@ def beam_search(
         tf.constant(0), tokens, state, alive_ids, alive_scores, alive_attention, alive_coverage,
         saved_ids, saved_scores, saved_attention,
     )  # fmt: skip
-    (t, _, _, alive_ids, alive_scores, alive_attention, alive_coverage,
-     saved_ids, saved_scores, saved_attention) = tf.while_loop(not_done, step, loop_vars)  # fmt: skip
+    final = tf.while_loop(not_done, step, loop_vars)
+    t, alive_ids, alive_scores, alive_attention, alive_coverage = final[0], *final[3:7]
+    saved_ids, saved_scores, saved_attention = final[7:]
 
     # Sentences cut at max_length: the best alive hypotheses fill the places no saved one took.
     alive_final = alive_scores / length_penalty(t, alpha, penalty)
