@@ -69,7 +69,8 @@ class ValidationBleu(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self.every_epochs:
             return
-        scores = score_translations(self.translator.translate(self.sources), self.references)
+        hypotheses = self.translator.translate_best(self.sources)
+        scores = score_translations(hypotheses, self.references)
         if logs is not None:
             logs["val_bleu"] = scores["bleu"]
         self.log(

@@ -119,9 +119,15 @@ SCHEMA = {
     },
     "decode": {
         "batch_size": _positive_int(64),
+        "beam_size": _positive_int(5),
+        "length_penalty": Field(float, 0.6, minimum=0.0),
+        "length_penalty_type": Field(str, "gnmt", choices=("gnmt", "average")),
+        "coverage_penalty": Field(float, 0.0, minimum=0.0),
+        "min_length": Field(int, 0, minimum=0),
         "max_length_ratio": Field(float, 1.5, minimum=0.0),
         "max_length_offset": Field(int, 10, minimum=0),
         "max_length_cap": _positive_int(250),
+        "replace_unknown": Field(bool, False),
     },
     "distribute": {
         "strategy": Field(str, "default", choices=("default",)),

@@ -261,7 +261,9 @@ def beam_search(
         tf.constant(0), tokens, state, alive_ids, alive_scores, alive_attention, alive_coverage,
         saved_ids, saved_scores, saved_attention,
     )  # fmt: skip
-    final = tf.while_loop(not_done, step, loop_vars)
+    # Beam and batch sizes may be constants or tensors: let every dimension vary.
+    invariants = tf.nest.map_structure(lambda x: tf.TensorShape([None] * x.shape.rank), loop_vars)
+    final = tf.while_loop(not_done, step, loop_vars, shape_invariants=invariants)
     t, alive_ids, alive_scores, alive_attention, alive_coverage = final[0], *final[3:7]
     saved_ids, saved_scores, saved_attention = final[7:]
 

@@ -78,6 +78,7 @@ class Tokenizer:
         if specials != [PAD_ID, UNK_ID, BOS_ID, EOS_ID]:
             raise UserError(f"{model_path}: special token ids {specials}, expected 0, 1, 2, 3")
         self.vocab_size = processor.get_piece_size()
+        self.processor = processor  # for piece-level work in Python (n-best, alignments)
         self._tokenizer = tf_text.SentencepieceTokenizer(model=self.model_proto, out_type=tf.int32)
 
     def tokenize(self, strings):

@@ -79,7 +79,7 @@ def run(config, workdir):
     from pipeline.model_builder import build_model
     from pipeline.schedules import LearningRateSchedule
     from pipeline.tokenizer import prepare_tokenizers
-    from pipeline.translation import Translator
+    from pipeline.translation import SearchOptions, Translator
     from pipeline.workdir import (
         CHECKPOINT_DIR,
         LOG_DIR,
@@ -147,7 +147,10 @@ def run(config, workdir):
             f"{int(completed_epochs.numpy())} epochs done)"
         )
 
-    translator = Translator(model, source_tokenizer, target_tokenizer, config["decode"])
+    translator = Translator(
+        model, source_tokenizer, target_tokenizer,
+        SearchOptions.from_config(config["decode"]), config["decode"]["batch_size"],
+    )  # fmt: skip
     callbacks = [
         training_callbacks.TargetTokensPerSecond(),
         training_callbacks.CheckpointEveryNSteps(
@@ -192,7 +195,7 @@ def run(config, workdir):
 
     if corpora["test"]:
         log(f"Translating the test split ({len(corpora['test'])} sentences)...")
-        hypotheses = translator.translate(corpora["test"].sources)
+        hypotheses = translator.translate_best(corpora["test"].sources)
         report = score_translations(hypotheses, corpora["test"].targets)
         report["training_seconds"] = round(training_seconds, 1)
         write_text_atomically(workdir / TEST_TRANSLATIONS, "".join(h + "\n" for h in hypotheses))

@@ -1,29 +1,66 @@
 """Translating lists of sentences: tokenise, batch by length, search, detokenise, restore order."""
 
+import dataclasses
+
 import numpy as np
 import tensorflow as tf
 
-from pipeline.search import greedy_search, max_decode_length
+from pipeline.search import beam_search, greedy_search, max_decode_length, sampling_search
+from pipeline.tokenizer import EOS_ID, PAD_ID, UNK_ID
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchOptions:
+    """How to search: beam search (beam_size 1 is greedy) or, with a temperature, sampling."""
+
+    beam_size: int = 5
+    n_best: int = 1
+    length_penalty: float = 0.6
+    length_penalty_type: str = "gnmt"
+    coverage_penalty: float = 0.0
+    min_length: int = 0
+    max_length_ratio: float = 1.5
+    max_length_offset: int = 10
+    max_length_cap: int = 250
+    replace_unknown: bool = False
+    sampling_temperature: float | None = None
+    sampling_topk: int = 0
+    sampling_topp: float = 1.0
+    seed: int = 0
+
+    @classmethod
+    def from_config(cls, decode_config, **overrides):
+        names = {field.name for field in dataclasses.fields(cls)}
+        values = {k: v for k, v in decode_config.items() if k in names}
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+@dataclasses.dataclass
+class Hypothesis:
+    """One translation of a sentence, with what produced it."""
+
+    text: str
+    score: float
+    target_tokens: list  # subword pieces, </s> included when the hypothesis ended
+    source_tokens: list
+    attention: np.ndarray  # [len(target_tokens), len(source_tokens)]
 
 
 class Translator:
-    """Translates sentences with a trained model and its tokenizers.
+    """Translates sentences with a trained model, its tokenizers and `SearchOptions`.
 
     Sentences are sorted by length and decoded in batches of `batch_size` so that little
-    work goes to padding; the output keeps the input order. A translation never depends on
-    the other sentences of its batch (padding is masked throughout).
+    work goes to padding; results keep the input order. A translation never depends on the
+    other sentences of its batch: padding is masked throughout.
     """
 
-    def __init__(self, model, source_tokenizer, target_tokenizer, decode_config):
+    def __init__(self, model, source_tokenizer, target_tokenizer, options, batch_size=64):
         self.model = model
         self.source_tokenizer = source_tokenizer
         self.target_tokenizer = target_tokenizer
-        self.batch_size = decode_config["batch_size"]
-        self.length_limits = (
-            decode_config["max_length_ratio"],
-            decode_config["max_length_offset"],
-            decode_config["max_length_cap"],
-        )
+        self.options = options
+        self.batch_size = batch_size
         self._search = tf.function(
             self._search_batch,
             input_signature=[tf.TensorSpec([None, None], tf.int32)],
@@ -31,25 +68,69 @@ class Translator:
         )
 
     def _search_batch(self, source_ids):
-        lengths = tf.reduce_sum(tf.cast(source_ids != self.model.pad_id, tf.int32), axis=1)
-        max_length = max_decode_length(lengths, *self.length_limits)
-        ids, _, _, _ = greedy_search(self.model, source_ids, max_length)
-        return ids
+        """ids `[batch, n, max_len]`, scores `[batch, n]`, attention `[batch, n, max_len, src]`."""
+        o = self.options
+        lengths = tf.reduce_sum(tf.cast(source_ids != PAD_ID, tf.int32), axis=1)
+        max_length = max_decode_length(
+            lengths, o.max_length_ratio, o.max_length_offset, o.max_length_cap
+        )
+        if o.sampling_temperature is not None:
+            ids, _, scores, attention = sampling_search(
+                self.model, source_ids, max_length, o.sampling_temperature, o.sampling_topk,
+                o.sampling_topp, seed=(o.seed, 0), min_length=o.min_length,
+            )  # fmt: skip
+        elif o.beam_size == 1 and o.n_best == 1:
+            ids, _, scores, attention = greedy_search(
+                self.model, source_ids, max_length, o.min_length
+            )
+        else:
+            return tuple(
+                beam_search(
+                    self.model, source_ids, max_length, o.beam_size, o.n_best,
+                    o.length_penalty, o.length_penalty_type, o.coverage_penalty, o.min_length,
+                )[i]
+                for i in (0, 2, 3)
+            )  # fmt: skip
+        return ids[:, None], scores[:, None], attention[:, None]
 
     def translate(self, sentences, progress=None):
-        """Translations of `sentences` (a list of strings), in order."""
+        """The `n_best` hypotheses (best first) of each sentence, in input order."""
         if not sentences:
             return []
         source_ids = self.source_tokenizer.tokenize(tf.constant(sentences))
         order = np.argsort(source_ids.row_lengths().numpy(), kind="stable")
-        translations = [None] * len(sentences)
+        results = [None] * len(sentences)
         for start in range(0, len(order), self.batch_size):
             indices = order[start : start + self.batch_size]
-            batch = tf.gather(source_ids, indices).to_tensor(self.model.pad_id)
-            output_ids = self._search(batch)
-            texts = self.target_tokenizer.detokenize(output_ids).numpy()
-            for index, text in zip(indices, texts):
-                translations[index] = text.decode("utf-8")
+            batch = tf.gather(source_ids, indices)
+            ids, scores, attention = (t.numpy() for t in self._search(batch.to_tensor(PAD_ID)))
+            for row, index in enumerate(indices):
+                source = batch[row].numpy().tolist()
+                results[index] = [
+                    self._hypothesis(source, ids[row, n], scores[row, n], attention[row, n])
+                    for n in range(ids.shape[1])
+                ]
             if progress is not None:
                 progress(len(indices))
-        return translations
+        return results
+
+    def translate_best(self, sentences, progress=None):
+        """The best translation of each sentence, as text."""
+        return [hypotheses[0].text for hypotheses in self.translate(sentences, progress)]
+
+    def _hypothesis(self, source, ids, score, attention):
+        ids = ids.tolist()
+        length = ids.index(EOS_ID) + 1 if EOS_ID in ids else len(ids)
+        ids = ids[:length]
+        attention = attention[:length, : len(source)]
+        source_pieces = [self.source_tokenizer.processor.id_to_piece(i) for i in source]
+        target_pieces = [self.target_tokenizer.processor.id_to_piece(i) for i in ids]
+        if self.options.replace_unknown and len(source):
+            # An unknown target piece becomes the source piece it attends to most.
+            target_pieces = [
+                source_pieces[int(np.argmax(attention[t]))] if token == UNK_ID else piece
+                for t, (token, piece) in enumerate(zip(ids, target_pieces))
+            ]
+        words = [p for p, token in zip(target_pieces, ids) if token != EOS_ID]
+        text = self.target_tokenizer.processor.decode_pieces(words)
+        return Hypothesis(text, float(score), target_pieces, source_pieces, attention)
