@@ -74,7 +74,7 @@ def run(config, workdir):
 
     from pipeline import callbacks as training_callbacks
     from pipeline.corpus import read_split
-    from pipeline.dataset import encode_corpus, make_dataset
+    from pipeline.dataset import encode_corpus, make_dataset, with_known_length
     from pipeline.evaluation import score_translations
     from pipeline.model_builder import build_model
     from pipeline.schedules import LearningRateSchedule
@@ -117,10 +117,7 @@ def run(config, workdir):
         train_data = train_data.repeat()
     valid_data = None
     if corpora["valid"]:
-        valid_data = make_dataset(encoded("valid"), **batching)
-        # A known length lets Keras end each validation pass without an "out of data" warning.
-        batches = int(valid_data.reduce(0, lambda count, _: count + 1))
-        valid_data = valid_data.apply(tf.data.experimental.assert_cardinality(batches))
+        valid_data = with_known_length(make_dataset(encoded("valid"), **batching))
 
     model = build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
     optimizer = keras.optimizers.Adam(

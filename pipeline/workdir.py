@@ -52,7 +52,7 @@ def load_trained(workdir):
     source_path, target_path = vocabulary_paths(workdir)
     source_tokenizer, target_tokenizer = Tokenizer(source_path), Tokenizer(target_path)
     try:
-        model = keras.saving.load_model(model_path)
+        model = keras.saving.load_model(model_path, compile=False)  # inference only
     except Exception as error:  # Keras raises many types for a damaged file
         raise UserError(f"{model_path}: cannot load the model ({error})") from None
     return config, model, source_tokenizer, target_tokenizer

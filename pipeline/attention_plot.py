@@ -1,0 +1,38 @@
+"""Attention matrices drawn as images (source tokens x target tokens)."""
+
+import os
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _label(piece):
+    # SentencePiece marks word starts with U+2581; drop it so labels read as text.
+    return piece.replace("\u2581", "") or "\u2423"
+
+
+def plot_attention(hypothesis, path, title=None):
+    """Writes a PNG of `hypothesis.attention`: one row per target token, one column per
+    source token, darker where the decoder looked. Written atomically."""
+    attention = hypothesis.attention
+    rows, columns = attention.shape
+    width = min(4 + 0.42 * columns, 40)
+    height = min(2.5 + 0.38 * rows, 40)
+    figure, axes = plt.subplots(figsize=(width, height), dpi=100)
+    image = axes.imshow(attention, cmap="Greys", vmin=0.0, vmax=1.0, aspect="auto")
+    axes.set_xticks(range(columns), [_label(p) for p in hypothesis.source_tokens], rotation=60,
+                    ha="right", fontsize=11)  # fmt: skip
+    axes.set_yticks(range(rows), [_label(p) for p in hypothesis.target_tokens], fontsize=11)
+    axes.set_xlabel("source")
+    axes.set_ylabel("translation")
+    axes.set_title(title or hypothesis.text, fontsize=11, wrap=True)
+    figure.colorbar(image, ax=axes, fraction=0.04, pad=0.02, label="attention weight")
+    figure.tight_layout()
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp.png")
+    figure.savefig(tmp)
+    plt.close(figure)
+    os.replace(tmp, path)
