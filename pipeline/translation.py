@@ -47,6 +47,17 @@ class Hypothesis:
     attention: np.ndarray  # [len(target_tokens), len(source_tokens)]
 
 
+def replace_unknown(target_ids, target_pieces, source_pieces, attention):
+    """Each <unk> target piece becomes the source piece it attends to most (Luong et al.,
+    2015); `attention` is `[len(target_pieces), len(source_pieces)]`."""
+    if not source_pieces:
+        return list(target_pieces)
+    return [
+        source_pieces[int(np.argmax(attention[t]))] if token == UNK_ID else piece
+        for t, (token, piece) in enumerate(zip(target_ids, target_pieces))
+    ]
+
+
 class Translator:
     """Translates sentences with a trained model, its tokenizers and `SearchOptions`.
 
@@ -125,12 +136,8 @@ class Translator:
         attention = attention[:length, : len(source)]
         source_pieces = [self.source_tokenizer.processor.id_to_piece(i) for i in source]
         target_pieces = [self.target_tokenizer.processor.id_to_piece(i) for i in ids]
-        if self.options.replace_unknown and len(source):
-            # An unknown target piece becomes the source piece it attends to most.
-            target_pieces = [
-                source_pieces[int(np.argmax(attention[t]))] if token == UNK_ID else piece
-                for t, (token, piece) in enumerate(zip(ids, target_pieces))
-            ]
+        if self.options.replace_unknown:
+            target_pieces = replace_unknown(ids, target_pieces, source_pieces, attention)
         words = [p for p, token in zip(target_pieces, ids) if token != EOS_ID]
         text = self.target_tokenizer.processor.decode_pieces(words)
         return Hypothesis(text, float(score), target_pieces, source_pieces, attention)

@@ -242,3 +242,14 @@ def test_top_p_keeps_the_nucleus():
     assert set(first) == {A, B}  # 0.5 + 0.3 reach 0.75; C is outside the nucleus
     first = sampling_search(TableModel(probs), source, 3, top_k=1, seed=(0, 1))[0].numpy()[:, 0]
     assert set(first) == {A}
+
+
+def test_unknown_words_are_replaced_by_the_most_attended_source_piece():
+    from pipeline.translation import replace_unknown
+
+    attention = np.array([[0.9, 0.1, 0.0], [0.1, 0.2, 0.7], [0.3, 0.3, 0.4]])
+    pieces = replace_unknown(
+        [7, UNK, EOS], ["▁the", "<unk>", "</s>"], ["▁der", "▁Hund", "▁Xaver"], attention
+    )
+    assert pieces == ["▁the", "▁Xaver", "</s>"]
+    assert replace_unknown([UNK], ["<unk>"], [], np.zeros((1, 0))) == ["<unk>"]
