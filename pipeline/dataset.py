@@ -113,7 +113,8 @@ def make_dataset(
 
 
 def with_known_length(dataset):
-    """The same (unshuffled, finite) dataset with its number of batches declared, so that
-    Keras ends an evaluation pass cleanly instead of warning that the data ran out."""
+    """The same finite dataset with its number of batches declared, so that Keras shows
+    progress against it and ends each pass cleanly instead of warning that data ran out.
+    Shuffling does not change the count: each pair's length bucket is fixed."""
     batches = int(dataset.reduce(0, lambda count, _: count + 1))
     return dataset.apply(tf.data.experimental.assert_cardinality(batches))

@@ -110,8 +110,10 @@ def run(config, workdir):
     train_set = encoded("train")
     if not len(train_set):
         raise UserError(f"{corpora['train'].origin}: no usable training pairs")
-    train_data = make_dataset(
-        train_set, shuffle_buffer=train["shuffle_buffer"], seed=train["seed"], **batching
+    train_data = with_known_length(
+        make_dataset(
+            train_set, shuffle_buffer=train["shuffle_buffer"], seed=train["seed"], **batching
+        )
     )
     if train["steps_per_epoch"]:  # epochs of a fixed number of steps run across data epochs
         train_data = train_data.repeat()
@@ -187,8 +189,10 @@ def run(config, workdir):
             verbose=1,
         ).history
     training_seconds = time.perf_counter() - start
-    save_model_atomically(model, workdir / MODEL_FILE)
-    log(f"Trained for {training_seconds:.0f} s; model saved to {workdir / MODEL_FILE}")
+    # With nothing left to train, keep the saved model: it may hold early stopping's best weights.
+    if history or not (workdir / MODEL_FILE).exists():
+        save_model_atomically(model, workdir / MODEL_FILE)
+        log(f"Trained for {training_seconds:.0f} s; model saved to {workdir / MODEL_FILE}")
 
     if corpora["test"]:
         log(f"Translating the test split ({len(corpora['test'])} sentences)...")

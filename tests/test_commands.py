@@ -79,9 +79,7 @@ def test_plot_writes_a_png_per_sentence(workdir, input_file, tmp_path, capsys):
 
 def test_stdin_and_invalid_utf8(workdir, tmp_path):
     command = [sys.executable, "-m", "pipeline.translate", "--workdir", str(workdir)]
-    result = subprocess.run(
-        command, input=b"Ein Hund.\n", capture_output=True, cwd=PROJECT_ROOT
-    )
+    result = subprocess.run(command, input=b"Ein Hund.\n", capture_output=True, cwd=PROJECT_ROOT)
     assert result.returncode == 0 and len(result.stdout.decode().splitlines()) == 1
     bad = tmp_path / "bad.de"
     bad.write_bytes(b"Ein Hund.\nkaputt \xff\n")

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from pipeline.corpus import ParallelCorpus
-from pipeline.dataset import bucket_boundaries, encode_corpus, make_dataset
+from pipeline.dataset import bucket_boundaries, encode_corpus, make_dataset, with_known_length
 from pipeline.tokenizer import BOS_ID, EOS_ID, Tokenizer, train_sentencepiece
 
 WORDS = (
@@ -123,3 +123,15 @@ def test_each_input_pipeline_reads_its_own_shard(tokenizer, corpus):
         rows.append(shard)
     assert len(rows[0]) + len(rows[1]) == len(encoded)
     assert abs(len(rows[0]) - len(rows[1])) <= 1
+
+
+def test_the_declared_length_holds_for_every_shuffled_epoch(tokenizer, corpus):
+    encoded = encode_corpus(corpus, tokenizer, tokenizer, DATA, "train", lambda _: None)
+    dataset = with_known_length(
+        make_dataset(
+            encoded, batch_size=16, bucket_width=3, max_length=60, shuffle_buffer=300, seed=1
+        )
+    )
+    declared = int(dataset.cardinality())
+    assert declared > 0
+    assert [sum(1 for _ in dataset) for _ in range(3)] == [declared] * 3
