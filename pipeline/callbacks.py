@@ -8,22 +8,24 @@ from pipeline.evaluation import score_translations
 
 
 class TargetTokensPerSecond(keras.callbacks.Callback):
-    """Adds `tgt_tok/s` (non-padding target tokens per second this epoch) to the logs.
-
-    It reads the token count the model's perplexity metric already keeps, so nothing is
-    added to the training step.
-    """
+    """Adds `tgt_tok/s` (non-padding target tokens per second of training this epoch) to the
+    logs. It reads the token count the model's perplexity metric already keeps, so nothing is
+    added to the training step."""
 
     def on_epoch_begin(self, epoch, logs=None):
         self._start = time.perf_counter()
+        self._rate = 0.0
 
     def on_train_batch_end(self, batch, logs=None):
+        elapsed = max(time.perf_counter() - self._start, 1e-9)
+        self._rate = float(self.model.perplexity.count.numpy()) / elapsed
         if logs is not None:
-            elapsed = max(time.perf_counter() - self._start, 1e-9)
-            logs["tgt_tok/s"] = float(self.model.perplexity.count.numpy()) / elapsed
+            logs["tgt_tok/s"] = self._rate
 
     def on_epoch_end(self, epoch, logs=None):
-        self.on_train_batch_end(None, logs)
+        # Validation has run and reset the metrics by now: report the training rate.
+        if logs is not None:
+            logs["tgt_tok/s"] = self._rate
 
 
 class CheckpointEveryNSteps(keras.callbacks.Callback):
