@@ -5,7 +5,12 @@ import tensorflow as tf
 from keras import ops
 
 from layers.masking import resolve_memory_mask
-from layers.recurrent_layers import check_cell_type, recurrent_layer, states_per_layer
+from layers.recurrent_layers import (
+    check_cell_type,
+    recurrent_layer,
+    states_per_layer,
+    token_embedding,
+)
 
 
 @keras.saving.register_keras_serializable(package="seq2seq")
@@ -80,7 +85,7 @@ class AttentionDecoder(keras.layers.Layer):
         self.dropout_rate = float(dropout)
         self.residual = bool(residual)
 
-        self.embedding = keras.layers.Embedding(vocab_size, embedding_dim, name="embedding")
+        self.embedding = token_embedding(vocab_size, embedding_dim)
         self.dropout = keras.layers.Dropout(self.dropout_rate)
         self.recurrent_layers = [
             recurrent_layer(self.cell_type, self.units, name=f"layer_{i}")

@@ -4,7 +4,12 @@ import keras
 from keras import ops
 
 from layers.masking import reverse_padded, sequence_mask
-from layers.recurrent_layers import check_cell_type, recurrent_layer, states_per_layer
+from layers.recurrent_layers import (
+    check_cell_type,
+    recurrent_layer,
+    states_per_layer,
+    token_embedding,
+)
 
 MERGE_MODES = ("concat", "sum")
 
@@ -71,7 +76,7 @@ class RecurrentEncoder(keras.layers.Layer):
         self.reverse_source = bool(reverse_source)
         self.pad_id = int(pad_id)
 
-        self.embedding = keras.layers.Embedding(vocab_size, embedding_dim, name="embedding")
+        self.embedding = token_embedding(vocab_size, embedding_dim)
         self.dropout = keras.layers.Dropout(self.dropout_rate)
         self.recurrent_layers = []
         for i in range(self.num_layers):

@@ -36,3 +36,15 @@ def recurrent_layer(cell_type, units, name, go_backwards=False):
         name=name,
         **kwargs,
     )
+
+
+def token_embedding(vocab_size, embedding_dim):
+    """Token embeddings initialised N(0, 1), so that the recurrent gates see inputs on the scale
+    of their state. Keras' default, uniform in +-0.05, made a Multi30k model learn about three
+    times slower over its first 250 steps (training perplexity 246 against 86)."""
+    return keras.layers.Embedding(
+        vocab_size,
+        embedding_dim,
+        embeddings_initializer=keras.initializers.RandomNormal(stddev=1.0),
+        name="embedding",
+    )

@@ -4,12 +4,8 @@ import os
 import tempfile
 from pathlib import Path
 
-import keras
-
-import layers  # noqa: F401  (registers the layers for deserialisation)
 from pipeline.config import load_config
 from pipeline.errors import UserError
-from pipeline.tokenizer import Tokenizer, vocabulary_paths
 
 CONFIG_FILE = "config.yaml"
 MODEL_FILE = "model.keras"
@@ -41,6 +37,11 @@ def write_text_atomically(path, text):
 
 def load_trained(workdir):
     """The configuration, model and tokenizers of a trained work directory."""
+    import keras
+
+    import layers  # noqa: F401  (registers the layers for deserialisation)
+    from pipeline.tokenizer import Tokenizer, vocabulary_paths
+
     workdir = Path(workdir)
     config_path, model_path = workdir / CONFIG_FILE, workdir / MODEL_FILE
     if not config_path.is_file() or not model_path.is_file():

@@ -114,3 +114,12 @@ def test_bad_arguments_are_refused():
         layers.RecurrentEncoder(20, 4, 6, bidirectional=True, merge_mode="mul")
     with pytest.raises(ValueError, match="num_layers"):
         layers.RecurrentEncoder(20, 4, 6, num_layers=0)
+
+
+def test_embeddings_start_at_unit_scale():
+    encoder = layers.RecurrentEncoder(2000, 64, 6)
+    decoder = layers.AttentionDecoder(2000, 64, 6, attention=None, input_feeding=False)
+    encoder(SOURCE)
+    decoder(SOURCE, np.zeros((3, 5, 6), "float32"))
+    for layer in (encoder, decoder):
+        assert 0.95 < float(np.std(layer.embedding.embeddings.numpy())) < 1.05
