@@ -95,13 +95,11 @@ class Translator:
                 self.model, source_ids, max_length, o.min_length
             )
         else:
-            return tuple(
-                beam_search(
-                    self.model, source_ids, max_length, o.beam_size, o.n_best,
-                    o.length_penalty, o.length_penalty_type, o.coverage_penalty, o.min_length,
-                )[i]
-                for i in (0, 2, 3)
+            ids, _, scores, attention = beam_search(
+                self.model, source_ids, max_length, o.beam_size, o.n_best,
+                o.length_penalty, o.length_penalty_type, o.coverage_penalty, o.min_length,
             )  # fmt: skip
+            return ids, scores, attention
         return ids[:, None], scores[:, None], attention[:, None]
 
     def translate(self, sentences, progress=None):
