@@ -132,7 +132,15 @@ SCHEMA = {
     "distribute": {
         "strategy": Field(str, "default", choices=("default",)),
     },
+    "export": {
+        "after_training": Field(bool, False),
+        "directory": _path(),  # default: <workdir>/export
+        "formats": Field(str, "saved_model,onnx"),
+        "model_name": Field(str, "translator"),
+        "onnx_opset": Field(int, 17, minimum=13, maximum=18),  # tf2onnx 1.17 stops at 18
+    },
 }
+EXPORT_FORMATS = ("saved_model", "onnx")
 
 
 def defaults():
@@ -230,8 +238,20 @@ def _check_consistency(config, where):
             f"{where}: model.attention luong_dot needs model.decoder_units "
             f"({model['decoder_units']}) equal to the encoder output size ({_memory_dim(model)})"
         )
+    parse_export_formats(config["export"]["formats"], f"{where}: export.formats")
     if train["bleu_every_epochs"] and not (data["valid_tsv"] or data["valid_source"]):
         raise UserError(f"{where}: train.bleu_every_epochs needs validation data")
+
+
+def parse_export_formats(text, where):
+    """`"saved_model,onnx"` -> `["saved_model", "onnx"]`, refusing anything else."""
+    formats = [f.strip() for f in text.split(",")]
+    if not formats or not set(formats) <= set(EXPORT_FORMATS):
+        raise UserError(
+            f"{where} must be a comma-separated subset of {', '.join(EXPORT_FORMATS)}; "
+            f"got {text!r}"
+        )
+    return formats
 
 
 def _memory_dim(model):

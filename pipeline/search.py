@@ -14,10 +14,13 @@ NEG_INF = -1e9  # a finite "impossible" score: -inf would turn into NaN in sums 
 
 
 def max_decode_length(source_lengths, ratio, offset, cap):
-    """Longest output allowed for a batch: ratio * longest source + offset, at most `cap`."""
-    longest = tf.cast(tf.reduce_max(source_lengths), tf.float32)
-    limit = tf.cast(tf.math.ceil(ratio * longest), tf.int32) + offset
-    return tf.minimum(limit, cap)
+    """Longest output allowed for a batch: ratio * longest source + offset, within [1, cap].
+
+    An empty batch gets 1, so that its output buffers still have a valid shape.
+    """
+    longest = tf.reduce_max(tf.concat([tf.reshape(source_lengths, [-1]), [0]], axis=0))
+    limit = tf.cast(tf.math.ceil(ratio * tf.cast(longest, tf.float32)), tf.int32) + offset
+    return tf.clip_by_value(limit, 1, cap)
 
 
 def _write_column(buffer, t, values, axis):

@@ -1,6 +1,7 @@
 """The layout of a work directory, and loading what training left in it."""
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -33,6 +34,30 @@ def write_text_atomically(path, text):
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+def write_directory_atomically(path, fill):
+    """Creates the directory `path` by `fill(tmp)` on a temporary sibling, then renames it.
+
+    An interrupted write leaves only a hidden `.NAME.tmp-*` sibling, never a partial `path`
+    (TF Serving, for one, ignores non-numeric names). An existing `path` is replaced only
+    once the new one is complete.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    tmp.chmod(0o755)  # mkdtemp's 0700 would hide the result from a server running as another user
+    try:
+        fill(tmp)
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+            os.replace(path, old / path.name)
+            os.replace(tmp, path)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def load_trained(workdir):

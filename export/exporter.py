@@ -1,0 +1,85 @@
+"""Exports a trained work directory: a versioned SavedModel for TF Serving and an ONNX model.
+
+    OUT/saved_model/<model_name>/<version>/   signatures serving_default and beam_search
+    OUT/onnx/                                 model.onnx, model.json, vocabularies
+
+Each is written to a temporary sibling and renamed into place, so an interrupted export
+leaves no partial version directory and keeps the previous ONNX model.
+"""
+
+import re
+import time
+from pathlib import Path
+
+import tensorflow as tf
+
+from export.onnx_model import write_onnx
+from export.serving_check import read_meta_graph, unsupported_ops
+from export.serving_graph import TranslationGraph
+from pipeline.config import EXPORT_FORMATS
+from pipeline.errors import UserError
+from pipeline.tokenizer import vocabulary_paths
+from pipeline.workdir import load_trained, write_directory_atomically
+
+
+def _check_model_name(name):
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        raise UserError(f"model name {name!r}: use letters, digits, '.', '_' and '-'")
+
+
+def next_version(model_dir):
+    """One more than the highest numeric version under `model_dir` (1 for none)."""
+    versions = [int(p.name) for p in Path(model_dir).glob("*") if p.name.isdigit()]
+    return max(versions, default=0) + 1
+
+
+def export_saved_model(graph, output, model_name, version, log=print):
+    model_dir = Path(output) / "saved_model" / model_name
+    version = version or next_version(model_dir)
+    target = model_dir / str(version)
+    if target.exists():
+        raise UserError(f"{target} already exists; pass another --version (or none for the next)")
+    write_directory_atomically(
+        target, lambda tmp: tf.saved_model.save(graph, str(tmp), signatures=graph.signatures())
+    )
+    missing = unsupported_ops(read_meta_graph(target).graph_def)
+    if missing:
+        log(f"Warning: ops absent from stock TF Serving (2.12+): {', '.join(missing)}")
+    log(f"SavedModel: {target} (signatures serving_default, beam_search)")
+    return target
+
+
+def export_onnx(graph, workdir, output, opset, log=print):
+    target = Path(output) / "onnx"
+    write_directory_atomically(
+        target, lambda tmp: write_onnx(graph, tmp, vocabulary_paths(workdir), opset)
+    )
+    log(f"ONNX: {target / 'model.onnx'} (opset {opset}), with vocabularies and model.json")
+    return target
+
+
+def export_model(workdir, output=None, formats=EXPORT_FORMATS, version=None, model_name=None, log=print):
+    """Exports `workdir`'s model in `formats` under `output` (default: the configuration's
+    export.directory, else WORKDIR/export); returns {format: path}."""
+    config, model, source_tokenizer, target_tokenizer = load_trained(workdir)
+    settings = config["export"]
+    output = Path(output or settings["directory"] or Path(workdir) / "export")
+    model_name = model_name or settings["model_name"]
+    _check_model_name(model_name)
+    if version is not None and version < 1:
+        raise UserError(f"--version must be a positive integer, got {version}")
+    graph = TranslationGraph(
+        model,
+        source_tokenizer.model_proto,
+        target_tokenizer.model_proto,
+        config["decode"],
+        config["data"]["max_source_length"],
+    )
+    start = time.perf_counter()
+    paths = {}
+    if "saved_model" in formats:
+        paths["saved_model"] = export_saved_model(graph, output, model_name, version, log)
+    if "onnx" in formats:
+        paths["onnx"] = export_onnx(graph, workdir, output, settings["onnx_opset"], log)
+    log(f"Exported in {time.perf_counter() - start:.0f} s")
+    return paths

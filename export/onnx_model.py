@@ -1,0 +1,58 @@
+"""The `beam_search` signature as an ONNX model, with what a TensorFlow-free runtime needs.
+
+`OUT/onnx/` holds `model.onnx` (the search is an ONNX `Loop`; batch and source length are
+dynamic), the source and target SentencePiece vocabularies (`.model` and plain `.vocab`) and
+`model.json`: special token ids, the decoding defaults and the file names. The scalar inputs
+`beam_size`, `n_best`, `length_penalty` and `max_length` carry their defaults as initializers,
+so ONNX Runtime lets a caller leave them out.
+"""
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import tf2onnx
+
+from pipeline.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+MODEL_FILE = "model.onnx"
+METADATA_FILE = "model.json"
+FORMAT_VERSION = 1
+
+
+def _add_input_defaults(model, defaults):
+    """Gives each named scalar input an initializer: ONNX Runtime then treats it as optional."""
+    types = {"beam_size": np.int32, "n_best": np.int32, "max_length": np.int32}
+    for name, value in defaults.items():
+        array = np.array(value, dtype=types.get(name, np.float32))
+        model.graph.initializer.append(onnx.numpy_helper.from_array(array, name))
+
+
+def write_onnx(graph, directory, vocabulary_paths, opset):
+    """Converts `graph.beam_search` (a `TranslationGraph`) into `directory`."""
+    model, _ = tf2onnx.convert.from_function(
+        graph.beam_search, input_signature=graph.beam_search.input_signature, opset=opset
+    )
+    _add_input_defaults(model, graph.defaults)
+    model.doc_string = "Attentional encoder-decoder with beam search (seq2seq-tf)"
+    onnx.checker.check_model(model)
+    onnx.save(model, str(directory / MODEL_FILE))
+    files = {}
+    for side, path in zip(("source", "target"), vocabulary_paths):
+        for suffix in (".model", ".vocab"):
+            shutil.copyfile(path.with_suffix(suffix), directory / f"{side}{suffix}")
+        files[f"{side}_vocabulary"] = f"{side}.model"
+    metadata = {
+        "format_version": FORMAT_VERSION,
+        "model": MODEL_FILE,
+        **files,
+        "special_ids": {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID},
+        "defaults": graph.defaults,
+        "max_source_length": graph.max_source_length,
+        "max_length_cap": graph.max_length_cap,
+        "inputs": [node.name for node in model.graph.input],
+        "outputs": [node.name for node in model.graph.output],
+        "opset": opset,
+    }
+    (directory / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")

@@ -1,0 +1,108 @@
+"""The exported graph: a `tf.Module` whose functions become the SavedModel's signatures.
+
+The module tracks only the model's underlying `tf.Variable`s (and the tokenizers' resources),
+never the Keras model itself: a tracked Keras 3 model saves a graph that `tf.saved_model.load`
+reads but the session-based loader of TF Serving and `saved_model_cli run` cannot.
+Search runs on the model's step function (`pipeline.search`), as it does in process.
+"""
+
+import tensorflow as tf
+import tensorflow_text as tf_text
+
+from pipeline.search import beam_search, max_decode_length
+from pipeline.tokenizer import PAD_ID
+
+BEAM_SEARCH = "beam_search"
+SERVING_DEFAULT = "serving_default"
+
+
+class TranslationGraph(tf.Module):
+    """Signatures of a trained model, with the decoding defaults of its configuration.
+
+    `beam_search`: source ids int32 `[batch, src_len]` (right-padded with 0) and optional
+    scalars `beam_size`, `n_best`, `length_penalty`, `max_length` (0: ratio x source length +
+    offset) -> `ids` int32 `[batch, n_best, max_len]`, `lengths` int32 `[batch, n_best]`,
+    `scores` float32 `[batch, n_best]` and `attention` float32 `[batch, n_best, max_len,
+    src_len]`. Lengths are capped at `max_length_cap` whatever is asked.
+
+    `translate` (the `serving_default` signature): sentences string `[batch]` ->
+    `translations` string `[batch]` and `scores` float32 `[batch]`, with SentencePiece
+    tokenisation (sources cut at `max_source_length` pieces), beam search with the defaults
+    and detokenisation in the graph. An empty sentence translates to an empty string.
+    """
+
+    def __init__(self, model, source_model_proto, target_model_proto, decode, max_source_length):
+        super().__init__(name="translation")
+        # The variables, not the model: see the module docstring.
+        self.model_variables = [variable.value for variable in model.variables]
+        self.source_tokenizer = tf_text.SentencepieceTokenizer(source_model_proto, tf.int32)
+        self.target_tokenizer = tf_text.SentencepieceTokenizer(target_model_proto, tf.int32)
+        self.max_source_length = max_source_length
+        self.defaults = {
+            "beam_size": int(decode["beam_size"]),
+            "n_best": 1,
+            "length_penalty": float(decode["length_penalty"]),
+            "max_length": 0,
+        }
+        penalty_type, cap = decode["length_penalty_type"], decode["max_length_cap"]
+        ratio, offset = decode["max_length_ratio"], decode["max_length_offset"]
+        self.max_length_cap = cap
+
+        def search(source_ids, beam_size, n_best, length_penalty, max_length):
+            lengths = tf.reduce_sum(tf.cast(source_ids != PAD_ID, tf.int32), axis=1)
+            automatic = max_decode_length(lengths, ratio, offset, cap)
+            max_length = tf.where(max_length > 0, tf.minimum(max_length, cap), automatic)
+            ids, lengths, scores, attention = beam_search(
+                model,
+                source_ids,
+                max_length,
+                beam_size=tf.maximum(beam_size, 1),
+                n_best=tf.maximum(n_best, 1),
+                alpha=length_penalty,
+                penalty=penalty_type,
+                beta=decode["coverage_penalty"],
+                min_length=decode["min_length"],
+            )
+            return {"ids": ids, "lengths": lengths, "scores": scores, "attention": attention}
+
+        d = {key: tf.constant(value) for key, value in self.defaults.items()}
+
+        # Defaults that are tensors become the signature's defaults: a request may omit them.
+        @tf.function(
+            input_signature=[
+                tf.TensorSpec([None, None], tf.int32, name="source_ids"),
+                tf.TensorSpec([], tf.int32, name="beam_size"),
+                tf.TensorSpec([], tf.int32, name="n_best"),
+                tf.TensorSpec([], tf.float32, name="length_penalty"),
+                tf.TensorSpec([], tf.int32, name="max_length"),
+            ]
+        )
+        def beam_search_ids(
+            source_ids,
+            beam_size=d["beam_size"],
+            n_best=d["n_best"],
+            length_penalty=d["length_penalty"],
+            max_length=d["max_length"],
+        ):
+            return search(source_ids, beam_size, n_best, length_penalty, max_length)
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="sentences")])
+        def translate(sentences):
+            pieces = self.source_tokenizer.tokenize(sentences)[:, :max_source_length]
+            source_ids = pieces.to_tensor(PAD_ID)
+            # A batch of empty sentences still needs one (padding) column to encode.
+            width = tf.maximum(tf.shape(source_ids)[1], 1)
+            source_ids = tf.pad(source_ids, [[0, 0], [0, width - tf.shape(source_ids)[1]]])
+            best = search(source_ids, d["beam_size"], 1, d["length_penalty"], 0)
+            text = self.target_tokenizer.detokenize(best["ids"][:, 0])
+            empty = tf.equal(pieces.row_lengths(), 0)
+            return {
+                "translations": tf.where(empty, "", text),
+                "scores": tf.where(empty, 0.0, best["scores"][:, 0]),
+            }
+
+        self.beam_search = beam_search_ids
+        self.translate = translate
+
+    def signatures(self):
+        return {SERVING_DEFAULT: self.translate, BEAM_SEARCH: self.beam_search}
