@@ -58,7 +58,9 @@ def export_onnx(graph, workdir, output, opset, log=print):
     return target
 
 
-def export_model(workdir, output=None, formats=EXPORT_FORMATS, version=None, model_name=None, log=print):
+def export_model(
+    workdir, output=None, formats=EXPORT_FORMATS, version=None, model_name=None, log=print
+):
     """Exports `workdir`'s model in `formats` under `output` (default: the configuration's
     export.directory, else WORKDIR/export); returns {format: path}."""
     config, model, source_tokenizer, target_tokenizer = load_trained(workdir)

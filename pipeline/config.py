@@ -248,8 +248,7 @@ def parse_export_formats(text, where):
     formats = [f.strip() for f in text.split(",")]
     if not formats or not set(formats) <= set(EXPORT_FORMATS):
         raise UserError(
-            f"{where} must be a comma-separated subset of {', '.join(EXPORT_FORMATS)}; "
-            f"got {text!r}"
+            f"{where} must be a comma-separated subset of {', '.join(EXPORT_FORMATS)}; got {text!r}"
         )
     return formats
 

@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipeline.config import DEFAULT_CONFIG, load_config, save_config
+from pipeline.config import DEFAULT_CONFIG, load_config, parse_export_formats, save_config
 from pipeline.errors import UserError, report_user_errors
 from pipeline.workdir import CONFIG_FILE
 
@@ -65,10 +65,17 @@ def main(argv=None):
     from pipeline.trainer import run  # TensorFlow loads only once the configuration is valid
 
     history = run(config, workdir, log)
+    if config["export"]["after_training"]:
+        from export.exporter import export_model
+
+        formats = parse_export_formats(config["export"]["formats"], "export.formats")
+        export_model(workdir, formats=formats, log=log)
     log(
         "\nDone. Everything is in " + str(workdir) + ":\n"
         f"  model.keras, vocab/, checkpoints/, logs/ (tensorboard --logdir {workdir / 'logs'})\n"
-        f"  test_report.json, test_translations.txt\n"
+        f"  test_report.json, test_translations.txt"
+        + (", export/ (SavedModel and ONNX)" if config["export"]["after_training"] else "")
+        + "\n"
         "Next:\n"
         f"  echo 'Ein Hund läuft im Park.' | python -m pipeline.translate --workdir {workdir}\n"
         f"  python -m pipeline.evaluate --workdir {workdir} --split test"

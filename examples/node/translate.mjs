@@ -1,0 +1,66 @@
+// Translate sentences with a model exported by `python -m export`, in Node.js.
+//
+//   npm install --ignore-scripts      # the CPU runtime ships in the package
+//   node translate.mjs EXPORT_DIR/onnx "Ein Hund läuft über eine Wiese." [--beam-size 5]
+//
+// Prints one translation a line. Tokenisation uses the exported SentencePiece models (the
+// same files the Python runtime and the SavedModel use), so all three give the same ids.
+import fs from "node:fs";
+import path from "node:path";
+import * as ort from "onnxruntime-node";
+import { SentencePieceProcessor } from "@sctg/sentencepiece-js";
+
+function parseArgs(argv) {
+  const args = { sentences: [], options: {} };
+  for (let i = 0; i < argv.length; i++) {
+    if (argv[i] === "--beam-size") args.options.beam_size = Number(argv[++i]);
+    else if (argv[i] === "--length-penalty") args.options.length_penalty = Number(argv[++i]);
+    else if (args.directory === undefined) args.directory = argv[i];
+    else args.sentences.push(argv[i]);
+  }
+  if (args.directory === undefined || args.sentences.length === 0) {
+    console.error("usage: node translate.mjs EXPORT_DIR/onnx SENTENCE... [--beam-size K]");
+    process.exit(2);
+  }
+  return args;
+}
+
+async function loadTranslator(directory) {
+  const metadata = JSON.parse(fs.readFileSync(path.join(directory, "model.json"), "utf8"));
+  // logSeverityLevel 3: the search settings are inputs with defaults by design, not a problem.
+  const session = await ort.InferenceSession.create(path.join(directory, metadata.model), {
+    logSeverityLevel: 3,
+  });
+  const source = new SentencePieceProcessor();
+  await source.load(path.join(directory, metadata.source_vocabulary));
+  const target = new SentencePieceProcessor();
+  await target.load(path.join(directory, metadata.target_vocabulary));
+  return { metadata, session, source, target };
+}
+
+// One batch, right-padded; scalar options left out take the exported defaults.
+async function translate({ metadata, session, source, target }, sentences, options) {
+  const { pad, eos } = metadata.special_ids;
+  const ids = sentences.map((s) => source.encodeIds(s).slice(0, metadata.max_source_length));
+  const width = Math.max(1, ...ids.map((row) => row.length));
+  const padded = new Int32Array(ids.length * width).fill(pad);
+  ids.forEach((row, i) => padded.set(row, i * width));
+  const feeds = { source_ids: new ort.Tensor("int32", padded, [ids.length, width]) };
+  if (options.beam_size !== undefined)
+    feeds.beam_size = new ort.Tensor("int32", Int32Array.from([options.beam_size]), []);
+  if (options.length_penalty !== undefined)
+    feeds.length_penalty = new ort.Tensor("float32", Float32Array.from([options.length_penalty]), []);
+  const output = await session.run(feeds);
+  const [, nBest, maxLength] = output.ids.dims;
+  return ids.map((row, i) => {
+    if (row.length === 0) return "";
+    const best = Array.from(output.ids.data.slice(i * nBest * maxLength, (i * nBest + 1) * maxLength));
+    const end = best.indexOf(eos);
+    const tokens = (end < 0 ? best : best.slice(0, end)).filter((t) => t !== pad);
+    return target.decodeIds(tokens);
+  });
+}
+
+const args = parseArgs(process.argv.slice(2));
+const translator = await loadTranslator(args.directory);
+for (const line of await translate(translator, args.sentences, args.options)) console.log(line);

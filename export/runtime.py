@@ -1,0 +1,116 @@
+"""Translation with an exported ONNX model, without TensorFlow.
+
+Needs numpy, onnxruntime and sentencepiece only:
+
+    from export.runtime import Translator
+    translator = Translator("runs/default/export")        # or the onnx/ folder itself
+    translator.translate(["Ein Hund läuft über eine Wiese."], beam_size=5)
+
+Tokenisation reads the same SentencePiece files as the SavedModel's in-graph tokenizer, so
+both give the same ids. Sentences are decoded in length-sorted batches (less padding); results
+keep the input order. A session may be shared by many threads.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import onnxruntime
+import sentencepiece
+
+METADATA_FILE = "model.json"
+SEARCH_OPTIONS = ("beam_size", "n_best", "length_penalty", "max_length")
+
+
+def _find_export(path):
+    path = Path(path)
+    for candidate in (path, path / "onnx"):
+        if (candidate / METADATA_FILE).is_file():
+            return candidate
+    raise FileNotFoundError(f"{path}: no exported ONNX model ({METADATA_FILE} not found)")
+
+
+def session_options(intra_op_threads=None):
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = intra_op_threads or os.cpu_count() or 1
+    # The search settings are inputs with defaults by design; ORT would warn about each.
+    options.log_severity_level = 3
+    return options
+
+
+class Translator:
+    """An exported model (`OUT` or `OUT/onnx`) in ONNX Runtime, with its vocabularies."""
+
+    def __init__(self, path, intra_op_threads=None, batch_size=64):
+        self.directory = _find_export(path)
+        self.metadata = json.loads((self.directory / METADATA_FILE).read_text())
+        self.session = onnxruntime.InferenceSession(
+            str(self.directory / self.metadata["model"]),
+            session_options(intra_op_threads),
+            providers=["CPUExecutionProvider"],
+        )
+        self.source = sentencepiece.SentencePieceProcessor(
+            model_file=str(self.directory / self.metadata["source_vocabulary"])
+        )
+        self.target = sentencepiece.SentencePieceProcessor(
+            model_file=str(self.directory / self.metadata["target_vocabulary"])
+        )
+        self.batch_size = batch_size
+        self.pad_id = self.metadata["special_ids"]["pad"]
+        self.eos_id = self.metadata["special_ids"]["eos"]
+
+    def encode(self, sentences):
+        """Source ids of each sentence, cut at the exported `max_source_length`."""
+        limit = self.metadata["max_source_length"]
+        return [ids[:limit] for ids in self.source.encode(list(sentences))]
+
+    def search(self, source_ids, **options):
+        """Runs the model on one padded batch: int32 `[batch, src_len]` -> dict of arrays."""
+        feeds = {"source_ids": np.asarray(source_ids, dtype=np.int32)}
+        for name, value in options.items():
+            if name not in SEARCH_OPTIONS:
+                raise TypeError(f"unknown search option {name!r}; expected {SEARCH_OPTIONS}")
+            if value is not None:
+                dtype = np.float32 if name == "length_penalty" else np.int32
+                feeds[name] = np.asarray(value, dtype=dtype)
+        names = [output.name for output in self.session.get_outputs()]
+        return dict(zip(names, self.session.run(names, feeds)))
+
+    def translate_ids(self, source_ids, **options):
+        """For each id list, its `n_best` hypotheses as (target ids without </s>, score)."""
+        results = [None] * len(source_ids)
+        order = np.argsort([len(ids) for ids in source_ids], kind="stable")
+        for start in range(0, len(order), self.batch_size):
+            indices = order[start : start + self.batch_size]
+            width = max(1, max(len(source_ids[i]) for i in indices))
+            batch = np.full((len(indices), width), self.pad_id, dtype=np.int32)
+            for row, index in enumerate(indices):
+                batch[row, : len(source_ids[index])] = source_ids[index]
+            output = self.search(batch, **options)
+            for row, index in enumerate(indices):
+                results[index] = [
+                    (self._strip(ids), float(score)) if source_ids[index] else ([], 0.0)
+                    for ids, score in zip(output["ids"][row], output["scores"][row])
+                ]
+        return results
+
+    def translate(self, sentences, **options):
+        """The best translation of each sentence, as text ("" for an empty sentence).
+
+        Options (each may be omitted, for the exported default): `beam_size`,
+        `length_penalty`, `max_length` (0: from the source length).
+        """
+        hypotheses = self.translate_ids(self.encode(sentences), **options)
+        return [self.target.decode(best[0][0]) for best in hypotheses]
+
+    def translate_n_best(self, sentences, n_best, **options):
+        """The `n_best` (text, score) pairs of each sentence, best first."""
+        hypotheses = self.translate_ids(self.encode(sentences), n_best=n_best, **options)
+        return [[(self.target.decode(ids), score) for ids, score in h] for h in hypotheses]
+
+    def _strip(self, ids):
+        ids = ids.tolist()
+        end = ids.index(self.eos_id) if self.eos_id in ids else len(ids)
+        return [i for i in ids[:end] if i != self.pad_id]
