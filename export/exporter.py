@@ -75,7 +75,6 @@ def export_model(
         source_tokenizer.model_proto,
         target_tokenizer.model_proto,
         config["decode"],
-        config["data"]["max_source_length"],
     )
     start = time.perf_counter()
     paths = {}

@@ -27,17 +27,23 @@ class TranslationGraph(tf.Module):
 
     `translate` (the `serving_default` signature): sentences string `[batch]` ->
     `translations` string `[batch]` and `scores` float32 `[batch]`, with SentencePiece
-    tokenisation (sources cut at `max_source_length` pieces), beam search with the defaults
+    tokenisation (sources cut at `decode.max_source_length` pieces), beam search with the defaults
     and detokenisation in the graph. An empty sentence translates to an empty string.
     """
 
-    def __init__(self, model, source_model_proto, target_model_proto, decode, max_source_length):
+    def __init__(self, model, source_model_proto, target_model_proto, decode):
         super().__init__(name="translation")
         # The variables, not the model: see the module docstring.
         self.model_variables = [variable.value for variable in model.variables]
-        self.source_tokenizer = tf_text.SentencepieceTokenizer(source_model_proto, tf.int32)
-        self.target_tokenizer = tf_text.SentencepieceTokenizer(target_model_proto, tf.int32)
-        self.max_source_length = max_source_length
+        # Distinct names matter: the SentencePiece kernel shares its model resource by node
+        # name, so two unnamed tokenizers restored from a SavedModel both get the first model.
+        self.source_tokenizer = tf_text.SentencepieceTokenizer(
+            source_model_proto, tf.int32, name="source_sentencepiece"
+        )
+        self.target_tokenizer = tf_text.SentencepieceTokenizer(
+            target_model_proto, tf.int32, name="target_sentencepiece"
+        )
+        self.max_source_length = max_source_length = decode["max_source_length"]
         self.defaults = {
             "beam_size": int(decode["beam_size"]),
             "n_best": 1,

@@ -127,6 +127,7 @@ SCHEMA = {
         "max_length_ratio": Field(float, 1.5, minimum=0.0),
         "max_length_offset": Field(int, 10, minimum=0),
         "max_length_cap": _positive_int(250),
+        "max_source_length": _positive_int(250),  # longer inputs are cut, in every runtime
         "replace_unknown": Field(bool, False),
     },
     "distribute": {

@@ -22,6 +22,7 @@ class SearchOptions:
     max_length_ratio: float = 1.5
     max_length_offset: int = 10
     max_length_cap: int = 250
+    max_source_length: int = 250
     replace_unknown: bool = False
     sampling_temperature: float | None = None
     sampling_topk: int = 0
@@ -107,6 +108,7 @@ class Translator:
         if not sentences:
             return []
         source_ids = self.source_tokenizer.tokenize(tf.constant(sentences))
+        source_ids = source_ids[:, : self.options.max_source_length]  # as the exports do
         order = np.argsort(source_ids.row_lengths().numpy(), kind="stable")
         results = [None] * len(sentences)
         for start in range(0, len(order), self.batch_size):

@@ -65,6 +65,11 @@ def test_paths_resolve_against_the_config_file(tmp_path):
         (MINIMAL + "train: [1, 2]\n", "section 'train' must be a mapping"),
         (MINIMAL + "train:\n  epochs: [1\n", "invalid YAML"),
         (MINIMAL + "train:\n  bleu_every_epochs: 1\n", "needs validation data"),
+        (
+            MINIMAL + "export:\n  formats: saved_model,tflite\n",
+            "export.formats must be a comma-separated subset of saved_model, onnx",
+        ),
+        (MINIMAL + "export:\n  onnx_opset: 19\n", "export.onnx_opset must be at most 18"),
     ],
 )
 def test_bad_configs_name_the_key_and_the_file(tmp_path, text, message):

@@ -1,0 +1,351 @@
+"""Export: the SavedModel's signatures (in process, through TF Serving's session loader and
+without tensorflow-text), ONNX parity, the TensorFlow-free runtime, the TF Serving client
+and the Node.js example, on a briefly trained smoke model."""
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import onnxruntime
+import pytest
+import tensorflow as tf
+
+import export.__main__ as export_cli
+from export import client
+from export.serving_check import read_meta_graph, unsupported_ops, write_signature_only
+from pipeline import train
+from pipeline.config import PROJECT_ROOT
+from pipeline.search import greedy_search
+from pipeline.translation import SearchOptions, Translator
+from pipeline.workdir import load_trained
+
+TEST_SOURCES = PROJECT_ROOT / "data" / "multi30k" / "test_2016_flickr.de.gz"
+MODEL_NAME = "translator"
+
+
+def real_sentences(n):
+    with gzip.open(TEST_SOURCES, "rt", encoding="utf-8") as lines:
+        return [next(lines).rstrip("\n") for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A smoke model trained long enough to write multi-token outputs, exported by training."""
+    workdir = tmp_path_factory.mktemp("export")
+    train.main(
+        ["--config", str(PROJECT_ROOT / "configs" / "smoke.yaml"), "--workdir", str(workdir),
+         "--set", "train.steps_per_epoch=40", "--set", "train.bleu_every_epochs=0",
+         "--set", "data.test_source=null", "--set", "data.test_target=null",
+         "--set", "export.after_training=true"]
+    )  # fmt: skip
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def out(workdir):
+    return workdir / "export"
+
+
+@pytest.fixture(scope="module")
+def saved_model_dir(out):
+    return out / "saved_model" / MODEL_NAME / "1"
+
+
+@pytest.fixture(scope="module")
+def loaded(saved_model_dir):
+    return tf.saved_model.load(str(saved_model_dir))
+
+
+@pytest.fixture(scope="module")
+def onnx_session(out):
+    return onnxruntime.InferenceSession(
+        str(out / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+
+
+def serve(loaded, sentences):
+    outputs = loaded.signatures["serving_default"](sentences=tf.constant(sentences, tf.string))
+    return [t.decode() for t in outputs["translations"].numpy()], outputs["scores"].numpy()
+
+
+def search_saved_model(loaded, source_ids, **options):
+    """The `beam_search` function; in Python, unlike TF Serving, only the restored function
+    (not `signatures["beam_search"]`) fills in omitted inputs from their defaults."""
+    inputs = {k: tf.constant(v) for k, v in options.items()}
+    outputs = loaded.beam_search(tf.constant(source_ids), **inputs)
+    return {name: value.numpy() for name, value in outputs.items()}
+
+
+def search_onnx(session, source_ids, **options):
+    feeds = {"source_ids": np.asarray(source_ids, np.int32)}
+    feeds.update({k: np.asarray(v) for k, v in options.items()})
+    names = [output.name for output in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds)))
+
+
+def padded_ids(workdir, sentences):
+    _, _, source_tokenizer, _ = load_trained(workdir)
+    return source_tokenizer.tokenize(tf.constant(sentences)).to_tensor(0).numpy()
+
+
+def run_python(code, *args):
+    result = subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_training_exports_both_formats_in_place(out, saved_model_dir):
+    assert (saved_model_dir / "saved_model.pb").is_file()
+    assert (saved_model_dir / "variables").is_dir()
+    onnx_files = {p.name for p in (out / "onnx").iterdir()}
+    assert onnx_files == {
+        "model.onnx", "model.json", "source.model", "source.vocab", "target.model", "target.vocab"
+    }  # fmt: skip
+    metadata = json.loads((out / "onnx" / "model.json").read_text())
+    assert metadata["special_ids"] == {"pad": 0, "unk": 1, "bos": 2, "eos": 3}
+    assert metadata["defaults"] == {
+        "beam_size": 5, "n_best": 1, "length_penalty": 0.6, "max_length": 0
+    }  # fmt: skip
+    assert not [p for p in out.rglob(".*") if ".tmp-" in p.name or ".old-" in p.name]
+
+
+def test_versions_count_up_and_an_existing_one_is_refused(workdir, tmp_path, capsys):
+    output = tmp_path / "out"
+    for _ in range(2):
+        export_cli.main(["--workdir", str(workdir), "--output", str(output),
+                         "--formats", "saved_model"])  # fmt: skip
+    versions = sorted(p.name for p in (output / "saved_model" / MODEL_NAME).iterdir())
+    assert versions == ["1", "2"]
+    before = (output / "saved_model" / MODEL_NAME / "1" / "saved_model.pb").read_bytes()
+    with pytest.raises(SystemExit) as exit_info:
+        export_cli.main(["--workdir", str(workdir), "--output", str(output), "--version", "1",
+                         "--formats", "saved_model"])  # fmt: skip
+    assert exit_info.value.code == 2
+    assert "already exists" in capsys.readouterr().err
+    assert (output / "saved_model" / MODEL_NAME / "1" / "saved_model.pb").read_bytes() == before
+    assert sorted(p.name for p in (output / "saved_model" / MODEL_NAME).iterdir()) == versions
+
+
+def test_bad_formats_and_missing_workdir_are_refused(tmp_path, capsys):
+    for argv in (["--workdir", str(tmp_path), "--formats", "tflite"], ["--workdir", str(tmp_path)]):
+        with pytest.raises(SystemExit) as exit_info:
+            export_cli.main(argv)
+        assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--formats must be a comma-separated subset" in err and "no trained model" in err
+
+
+def test_serving_default_translates_like_the_in_process_translator(workdir, loaded):
+    sentences = real_sentences(24)
+    config, model, source_tokenizer, target_tokenizer = load_trained(workdir)
+    translator = Translator(
+        model, source_tokenizer, target_tokenizer, SearchOptions.from_config(config["decode"]),
+        batch_size=len(sentences),
+    )  # fmt: skip
+    expected = translator.translate(sentences)  # the same batch: the same padding and sums
+    translations, scores = serve(loaded, sentences)
+    assert translations == [h[0].text for h in expected]
+    np.testing.assert_allclose(scores, [h[0].score for h in expected], atol=1e-4)
+    assert any(len(t.split()) > 2 for t in translations)  # the model writes real outputs
+
+
+def test_serving_default_gives_empty_output_for_empty_input(loaded):
+    translations, scores = serve(loaded, ["", "Ein Hund.", "   "])
+    assert translations[0] == translations[2] == "" and translations[1]
+    assert scores[0] == scores[2] == 0.0
+    assert serve(loaded, [])[0] == []
+
+
+def test_beam_search_signature_options_and_defaults(workdir, loaded):
+    source_ids = padded_ids(workdir, real_sentences(6))
+    default = search_saved_model(loaded, source_ids)
+    explicit = search_saved_model(
+        loaded, source_ids, beam_size=5, n_best=1, length_penalty=np.float32(0.6), max_length=0
+    )
+    for name in default:
+        np.testing.assert_array_equal(default[name], explicit[name])
+    assert default["ids"].shape[:2] == (6, 1)
+    assert default["attention"].shape == (*default["ids"].shape, source_ids.shape[1])
+
+    n_best = search_saved_model(loaded, source_ids, beam_size=4, n_best=3)
+    assert n_best["ids"].shape[:2] == (6, 3)
+    assert np.all(np.diff(n_best["scores"], axis=1) <= 0)  # best first
+
+    _, model, _, _ = load_trained(workdir)
+    greedy_ids, greedy_lengths, _, _ = greedy_search(model, tf.constant(source_ids), 12)
+    beam_one = search_saved_model(loaded, source_ids, beam_size=1, max_length=12)
+    np.testing.assert_array_equal(beam_one["ids"][:, 0], greedy_ids.numpy())
+    np.testing.assert_array_equal(beam_one["lengths"][:, 0], greedy_lengths.numpy())
+
+    capped = search_saved_model(loaded, source_ids, max_length=10_000)
+    assert capped["ids"].shape[2] == 20  # decode.max_length_cap of the smoke config
+
+
+def test_every_op_exists_in_stock_tf_serving(saved_model_dir):
+    assert unsupported_ops(read_meta_graph(saved_model_dir).graph_def) == []
+
+
+def test_saved_model_cli_runs_both_signatures_with_the_session_loader(
+    saved_model_dir, loaded, workdir, tmp_path
+):
+    """`saved_model_cli run` (the loader TF Serving uses), with tensorflow-text's ops loaded
+    as the server has them; omitted beam_search inputs take their defaults."""
+    sentences = real_sentences(3)
+    source_ids = padded_ids(workdir, sentences)
+    for signature, inputs in (
+        ("serving_default", f"sentences={sentences!r}"),
+        ("beam_search", f"source_ids={source_ids.tolist()!r}"),
+    ):
+        run_python(
+            "import sys, tensorflow_text\n"
+            "from tensorflow.python.tools.saved_model_cli import main\n"
+            "sys.argv = ['saved_model_cli'] + sys.argv[1:]\n"
+            "main()\n",
+            "run", "--dir", saved_model_dir, "--tag_set", "serve", "--signature_def", signature,
+            "--input_exprs", inputs, "--outdir", tmp_path / signature,
+        )  # fmt: skip
+    translations = np.load(tmp_path / "serving_default" / "translations.npy", allow_pickle=True)
+    assert [t.decode() for t in translations] == serve(loaded, sentences)[0]
+    ids = np.load(tmp_path / "beam_search" / "ids.npy")
+    np.testing.assert_array_equal(ids, search_saved_model(loaded, source_ids)["ids"])
+
+
+def test_beam_search_runs_where_tensorflow_text_was_never_imported(
+    saved_model_dir, loaded, workdir, tmp_path
+):
+    core_only = tmp_path / "beam_search_only"
+    write_signature_only(saved_model_dir, "beam_search", core_only)
+    source_ids = padded_ids(workdir, real_sentences(4))
+    output = run_python(
+        "import json, sys\n"
+        "import tensorflow as tf\n"
+        "tf.compat.v1.disable_eager_execution()\n"
+        "with tf.compat.v1.Session(graph=tf.Graph()) as session:\n"
+        "    meta = tf.compat.v1.saved_model.loader.load(session, ['serve'], sys.argv[1])\n"
+        "    signature = meta.signature_def['beam_search']\n"
+        "    feed = {signature.inputs['source_ids'].name: json.loads(sys.argv[2]),\n"
+        "            signature.inputs['n_best'].name: 2}\n"
+        "    ids = session.run(signature.outputs['ids'].name, feed)\n"
+        "assert 'tensorflow_text' not in sys.modules\n"
+        "print(json.dumps(ids.tolist()))\n",
+        core_only, json.dumps(source_ids.tolist()),
+    )  # fmt: skip
+    expected = search_saved_model(loaded, source_ids, n_best=2)["ids"]
+    np.testing.assert_array_equal(np.array(json.loads(output)), expected)
+
+
+def test_onnx_gives_the_saved_models_ids_on_hundreds_of_inputs(workdir, loaded, onnx_session):
+    rng = np.random.default_rng(7)
+    batches = []
+    for _ in range(20):  # random ids, right-padded rows of mixed lengths
+        rows, width = rng.integers(1, 9), rng.integers(1, 16)
+        ids = rng.integers(4, 300, size=(rows, width)).astype(np.int32)
+        for row in ids:
+            row[rng.integers(1, width + 1) :] = 0
+        batches.append(ids)
+    sentences = real_sentences(130)
+    batches += [padded_ids(workdir, sentences[i : i + 13]) for i in range(0, 130, 13)]
+    assert sum(len(b) for b in batches) >= 200
+    settings = [{}, {"beam_size": 3, "n_best": 2}, {"beam_size": 1}, {"length_penalty": 1.0}]
+    for i, source_ids in enumerate(batches):
+        options = settings[i % len(settings)]
+        typed = {
+            k: np.float32(v) if k == "length_penalty" else np.int32(v) for k, v in options.items()
+        }
+        expected = search_saved_model(loaded, source_ids, **typed)
+        actual = search_onnx(onnx_session, source_ids, **typed)
+        np.testing.assert_array_equal(actual["ids"], expected["ids"])
+        np.testing.assert_array_equal(actual["lengths"], expected["lengths"])
+        np.testing.assert_allclose(actual["scores"], expected["scores"], atol=1e-4)
+        np.testing.assert_allclose(actual["attention"], expected["attention"], atol=1e-4)
+
+
+def test_runtime_translates_without_tensorflow(out, loaded):
+    sentences = real_sentences(12) + ["", "Ein Hund läuft über eine Wiese."]
+    output = run_python(
+        "import json, sys\n"
+        "from export.runtime import Translator\n"
+        "translator = Translator(sys.argv[1])\n"
+        "sentences = json.loads(sys.argv[2])\n"
+        "best = translator.translate(sentences, beam_size=5)\n"
+        "n_best = translator.translate_n_best(sentences[:2], n_best=3)\n"
+        "assert 'tensorflow' not in sys.modules, 'the runtime imported TensorFlow'\n"
+        "print(json.dumps({'best': best, 'n_best': n_best}))\n",
+        out, json.dumps(sentences),
+    )  # fmt: skip
+    result = json.loads(output)
+    assert result["best"] == serve(loaded, sentences)[0]
+    assert [len(h) for h in result["n_best"]] == [3, 3]
+    assert result["n_best"][0][0][0] == result["best"][0]
+
+
+def test_client_requests_fit_the_signatures(saved_model_dir, loaded, workdir):
+    signatures = read_meta_graph(saved_model_dir).signature_def
+    sentences = real_sentences(3)
+    source_ids = padded_ids(workdir, sentences)
+    requests = [
+        client.translate_request(sentences, MODEL_NAME),
+        client.beam_search_request(source_ids.tolist(), MODEL_NAME, version=1, beam_size=3),
+    ]
+    for request in requests:
+        signature = signatures[request.model_spec.signature_name]
+        assert request.model_spec.name == MODEL_NAME
+        assert set(request.inputs) <= set(signature.inputs)
+        assert set(signature.inputs) - set(signature.defaults) <= set(request.inputs)
+        for name, tensor in request.inputs.items():
+            assert tensor.dtype == signature.inputs[name].dtype, name
+    assert requests[1].model_spec.version.value == 1
+
+    inputs = {k: tf.make_ndarray(v) for k, v in requests[0].inputs.items()}
+    outputs = loaded.signatures["serving_default"](**{k: tf.constant(v) for k, v in inputs.items()})
+    assert [t.decode() for t in outputs["translations"].numpy()] == serve(loaded, sentences)[0]
+    inputs = {k: tf.constant(tf.make_ndarray(v)) for k, v in requests[1].inputs.items()}
+    ids = loaded.beam_search(**inputs)["ids"].numpy()
+    np.testing.assert_array_equal(ids, search_saved_model(loaded, source_ids, beam_size=3)["ids"])
+
+    body = json.loads(json.dumps(client.translate_body(sentences)))
+    assert body == {"signature_name": "serving_default", "instances": sentences}
+    body = json.loads(json.dumps(client.beam_search_body(source_ids.tolist(), n_best=2)))
+    assert body["signature_name"] == "beam_search"
+    assert set(body["inputs"]) == {"source_ids", "n_best"} <= set(signatures["beam_search"].inputs)
+    with pytest.raises(TypeError, match="unknown search option"):
+        client.beam_search_request(source_ids, MODEL_NAME, beam=3)
+
+
+def test_node_example_translates_like_the_python_runtime(out):
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if not node or not npm:
+        pytest.skip("node and npm are not installed")
+    example = PROJECT_ROOT / "examples" / "node"
+    if not (example / "node_modules").is_dir():
+        install = subprocess.run(
+            [npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund"],
+            cwd=example, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        if install.returncode != 0:
+            pytest.skip(f"npm could not install the example's packages: {install.stderr[-500:]}")
+    sentences = real_sentences(3) + [""]
+    result = subprocess.run(
+        [node, "translate.mjs", str(out / "onnx"), *sentences, "--beam-size", "5"],
+        cwd=example, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    python = run_python(
+        "import json, sys\n"
+        "from export.runtime import Translator\n"
+        "translator = Translator(sys.argv[1], batch_size=100)\n"
+        "print(json.dumps(translator.translate(json.loads(sys.argv[2]))))\n",
+        out, json.dumps(sentences),
+    )  # fmt: skip
+    assert result.stdout.split("\n")[: len(sentences)] == json.loads(python)
