@@ -1,0 +1,188 @@
+"""Decoding speed and agreement of the three runtimes of a trained, exported model.
+
+    python bench/decoding_runtimes.py --workdir runs/default [--quick] [--sentences N]
+
+For greedy (beam 1) and beam 5, at batch 1 and batch 64 (length-sorted), on the test split:
+the Keras model in process (`pipeline.search.beam_search` in a `tf.function`), the exported
+SavedModel through the session loader that TF Serving uses, and ONNX Runtime
+(`export.runtime`). Prints sentences per second, milliseconds per sentence, and how many
+sentences' token ids differ from the SavedModel's (with the largest score difference).
+Expects `python -m export --workdir DIR` to have run (DIR/export).
+"""
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import tensorflow_text  # noqa: E402, F401  (the SavedModel's tokenizer ops)
+
+from export.runtime import Translator as OnnxTranslator  # noqa: E402
+from pipeline.corpus import read_split  # noqa: E402
+from pipeline.search import beam_search, max_decode_length  # noqa: E402
+from pipeline.workdir import load_trained  # noqa: E402
+
+
+def batches_of(source_ids, batch_size):
+    """Length-sorted, right-padded int32 batches."""
+    order = np.argsort([len(ids) for ids in source_ids], kind="stable")
+    for start in range(0, len(order), batch_size):
+        rows = [source_ids[i] for i in order[start : start + batch_size]]
+        batch = np.zeros((len(rows), max(1, max(map(len, rows)))), np.int32)
+        for r, ids in enumerate(rows):
+            batch[r, : len(ids)] = ids
+        yield order[start : start + batch_size], batch
+
+
+class KerasRuntime:
+    name = "Keras in process"
+
+    def __init__(self, model, decode):
+        def search(source_ids, beam_size, length_penalty):
+            lengths = tf.reduce_sum(tf.cast(source_ids != 0, tf.int32), axis=1)
+            limit = max_decode_length(
+                lengths, decode["max_length_ratio"], decode["max_length_offset"],
+                decode["max_length_cap"],
+            )  # fmt: skip
+            ids, _, scores, _ = beam_search(
+                model, source_ids, limit, beam_size, 1, length_penalty,
+                decode["length_penalty_type"],
+            )  # fmt: skip
+            return ids[:, 0], scores[:, 0]
+
+        self._search = tf.function(
+            search,
+            input_signature=[
+                tf.TensorSpec([None, None], tf.int32),
+                tf.TensorSpec([], tf.int32),
+                tf.TensorSpec([], tf.float32),
+            ],
+        )
+        self.length_penalty = decode["length_penalty"]
+
+    def __call__(self, batch, beam_size):
+        ids, scores = self._search(batch, beam_size, self.length_penalty)
+        return ids.numpy(), scores.numpy()
+
+
+class SessionRuntime:
+    name = "SavedModel, session loader"
+
+    def __init__(self, saved_model_dir):
+        self.graph = tf.Graph()
+        self.session = tf.compat.v1.Session(graph=self.graph)
+        with self.graph.as_default():
+            meta = tf.compat.v1.saved_model.loader.load(
+                self.session, ["serve"], str(saved_model_dir)
+            )
+        signature = meta.signature_def["beam_search"]
+        self.inputs = {name: info.name for name, info in signature.inputs.items()}
+        self.outputs = {name: signature.outputs[name].name for name in ("ids", "scores")}
+
+    def __call__(self, batch, beam_size):
+        feeds = {self.inputs["source_ids"]: batch, self.inputs["beam_size"]: beam_size}
+        out = self.session.run(self.outputs, feeds)
+        return out["ids"][:, 0], out["scores"][:, 0]
+
+
+class OnnxRuntime:
+    name = "ONNX Runtime"
+
+    def __init__(self, export_dir):
+        self.translator = OnnxTranslator(export_dir)
+
+    def __call__(self, batch, beam_size):
+        out = self.translator.search(batch, beam_size=beam_size)
+        return out["ids"][:, 0], out["scores"][:, 0]
+
+
+def measure(runtime, source_ids, batch_size, beam_size):
+    """Seconds for all sentences (after one warm-up batch), and each sentence's ids/score."""
+    batches = list(batches_of(source_ids, batch_size))
+    runtime(batches[0][1], beam_size)  # tracing, graph optimisation, allocation
+    results = [None] * len(source_ids)
+    start = time.perf_counter()
+    for indices, batch in batches:
+        ids, scores = runtime(batch, beam_size)
+        for row, index in enumerate(indices):
+            results[index] = (ids[row], float(scores[row]))
+    return time.perf_counter() - start, results
+
+
+def compare(results, reference):
+    differing = sum(
+        1
+        for (ids, _), (ref, _) in zip(results, reference)
+        if ids.shape != ref.shape or not np.array_equal(ids, ref)
+    )
+    score_diff = max(abs(s - r) for (_, s), (_, r) in zip(results, reference))
+    return differing, score_diff
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--workdir", type=Path, default=Path("runs/default"))
+    parser.add_argument("--sentences", type=int, default=1000, help="batch-64 sentences")
+    parser.add_argument("--batch1-sentences", type=int, default=100)
+    parser.add_argument("--quick", action="store_true", help="100 and 20 sentences")
+    args = parser.parse_args()
+    if args.quick:
+        args.sentences, args.batch1_sentences = 100, 20
+
+    config, model, source_tokenizer, _ = load_trained(args.workdir)
+    export_dir = Path(config["export"]["directory"] or args.workdir / "export")
+    versions = sorted(
+        (p for p in (export_dir / "saved_model" / config["export"]["model_name"]).iterdir()
+         if p.name.isdigit()),
+        key=lambda p: int(p.name),
+    )  # fmt: skip
+    sentences = read_split(config["data"], "test").sources[: args.sentences]
+    limit = config["decode"]["max_source_length"]
+    source_ids = [ids[:limit] for ids in source_tokenizer.processor.encode(sentences)]
+
+    runtimes = [
+        SessionRuntime(versions[-1]),
+        KerasRuntime(model, config["decode"]),
+        OnnxRuntime(export_dir),
+    ]
+    print(f"# {platform.node()}: {os.cpu_count()} CPUs, tensorflow {tf.__version__}")
+    print(f"# {args.workdir}, {len(sentences)} test sentences ({args.batch1_sentences} at batch 1)")
+    rows = []
+    for beam_size in (1, 5):
+        for batch_size in (1, 64):
+            subset = source_ids[: args.batch1_sentences] if batch_size == 1 else source_ids
+            reference = None
+            for runtime in runtimes:
+                seconds, results = measure(runtime, subset, batch_size, beam_size)
+                reference = reference or results
+                differing, score_diff = compare(results, reference)
+                row = {
+                    "runtime": runtime.name,
+                    "search": "greedy" if beam_size == 1 else f"beam {beam_size}",
+                    "batch": batch_size,
+                    "sentences": len(subset),
+                    "sentences_per_s": round(len(subset) / seconds, 1),
+                    "ms_per_sentence": round(1000 * seconds / len(subset), 2),
+                    "ids_differing": differing,
+                    "max_score_diff": float(f"{score_diff:.2g}"),
+                }
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    print("\n| search | batch | runtime | sent/s | ms/sent | ids ≠ SavedModel | max score diff |")
+    print("|---|---:|---|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['search']} | {r['batch']} | {r['runtime']} | {r['sentences_per_s']} | "
+            f"{r['ms_per_sentence']} | {r['ids_differing']}/{r['sentences']} | "
+            f"{r['max_score_diff']} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
