@@ -9,11 +9,12 @@ Search runs on the model's step function (`pipeline.search`), as it does in proc
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from pipeline.search import beam_search, max_decode_length
-from pipeline.tokenizer import PAD_ID
+from pipeline.search import beam_search, blank_empty_sources, max_decode_length
+from pipeline.tokenizer import PAD_ID, UNK_ID
 
 BEAM_SEARCH = "beam_search"
 SERVING_DEFAULT = "serving_default"
+MAX_BEAM_SIZE = 64
 
 
 class TranslationGraph(tf.Module):
@@ -23,7 +24,9 @@ class TranslationGraph(tf.Module):
     scalars `beam_size`, `n_best`, `length_penalty`, `max_length` (0: ratio x source length +
     offset) -> `ids` int32 `[batch, n_best, max_len]`, `lengths` int32 `[batch, n_best]`,
     `scores` float32 `[batch, n_best]` and `attention` float32 `[batch, n_best, max_len,
-    src_len]`. Lengths are capped at `max_length_cap` whatever is asked.
+    src_len]`. Lengths are capped at `max_length_cap` whatever is asked; sources are cut at
+    `decode.max_source_length`; ids outside the vocabulary read as <unk>; an all-padding
+    source gives ids all 0, length 0 and score 0.
 
     `translate` (the `serving_default` signature): sentences string `[batch]` ->
     `translations` string `[batch]` and `scores` float32 `[batch]`, with SentencePiece
@@ -54,21 +57,28 @@ class TranslationGraph(tf.Module):
         ratio, offset = decode["max_length_ratio"], decode["max_length_offset"]
         self.max_length_cap = cap
 
+        source_vocab_size = model.encoder.vocab_size
+
         def search(source_ids, beam_size, n_best, length_penalty, max_length):
+            # Requests are untrusted: ids outside the vocabulary read as <unk>, long sources
+            # are cut, and the beam is kept within [1, MAX_BEAM_SIZE].
+            valid = tf.logical_and(source_ids >= 0, source_ids < source_vocab_size)
+            source_ids = tf.where(valid, source_ids, UNK_ID)[:, :max_source_length]
             lengths = tf.reduce_sum(tf.cast(source_ids != PAD_ID, tf.int32), axis=1)
             automatic = max_decode_length(lengths, ratio, offset, cap)
             max_length = tf.where(max_length > 0, tf.minimum(max_length, cap), automatic)
-            ids, lengths, scores, attention = beam_search(
+            outputs = beam_search(
                 model,
                 source_ids,
                 max_length,
-                beam_size=tf.maximum(beam_size, 1),
+                beam_size=tf.clip_by_value(beam_size, 1, MAX_BEAM_SIZE),
                 n_best=tf.maximum(n_best, 1),
                 alpha=length_penalty,
                 penalty=penalty_type,
                 beta=decode["coverage_penalty"],
                 min_length=decode["min_length"],
             )
+            ids, lengths, scores, attention = blank_empty_sources(source_ids, PAD_ID, *outputs)
             return {"ids": ids, "lengths": lengths, "scores": scores, "attention": attention}
 
         d = {key: tf.constant(value) for key, value in self.defaults.items()}
@@ -100,11 +110,9 @@ class TranslationGraph(tf.Module):
             width = tf.maximum(tf.shape(source_ids)[1], 1)
             source_ids = tf.pad(source_ids, [[0, 0], [0, width - tf.shape(source_ids)[1]]])
             best = search(source_ids, d["beam_size"], 1, d["length_penalty"], 0)
-            text = self.target_tokenizer.detokenize(best["ids"][:, 0])
-            empty = tf.equal(pieces.row_lengths(), 0)
             return {
-                "translations": tf.where(empty, "", text),
-                "scores": tf.where(empty, 0.0, best["scores"][:, 0]),
+                "translations": self.target_tokenizer.detokenize(best["ids"][:, 0]),
+                "scores": best["scores"][:, 0],
             }
 
         self.beam_search = beam_search_ids

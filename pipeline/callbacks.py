@@ -1,10 +1,36 @@
-"""Training callbacks: throughput, step checkpoints, BLEU on a validation subset."""
+"""Training callbacks: throughput, step checkpoints, safe stops, BLEU on a validation subset."""
 
+import math
+import signal
+import threading
 import time
 
 import keras
+import tensorflow as tf
 
+from pipeline.errors import UserError
 from pipeline.evaluation import score_translations
+
+
+class TrainingDiverged(UserError):
+    """The loss or the weights stopped being finite numbers."""
+
+    def __init__(self, what, step, manager):
+        kept = manager.latest_checkpoint
+        super().__init__(
+            f"training diverged: {what} at step {step}; "
+            + (f"the last good checkpoint, {kept}, is kept" if kept else "no checkpoint yet")
+            + ". Lower train.learning_rate or set train.clip_norm"
+        )
+
+
+class TrainingInterrupted(Exception):
+    """SIGINT or SIGTERM stopped training after a checkpoint was saved."""
+
+    def __init__(self, signum, checkpoint):
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+        self.signum = signum
+        self.checkpoint = checkpoint
 
 
 class TargetTokensPerSecond(keras.callbacks.Callback):
@@ -42,19 +68,91 @@ class CheckpointEveryNSteps(keras.callbacks.Callback):
         self.every_steps = every_steps
         self._saved_step = None
 
-    def _save(self):
+    def save(self):
+        """Saves the current step (once), refusing weights that are not finite."""
         step = int(self.model.optimizer.iterations.numpy())
-        if step != self._saved_step:
-            self.manager.save(checkpoint_number=step)
-            self._saved_step = step
+        if step == self._saved_step:
+            return self.manager.latest_checkpoint
+        finite = all(bool(tf.reduce_all(tf.math.is_finite(v))) for v in self.model.weights)
+        if not finite:
+            raise TrainingDiverged("the weights are not finite", step, self.manager)
+        self._saved_step = step
+        return self.manager.save(checkpoint_number=step)
 
     def on_train_batch_end(self, batch, logs=None):
         if int(self.model.optimizer.iterations.numpy()) % self.every_steps == 0:
-            self._save()
+            self.save()
 
     def on_epoch_end(self, epoch, logs=None):
         self.completed_epochs.assign(epoch + 1)
-        self._save()
+        self.save()
+
+
+class StopOnNonFiniteLoss(keras.callbacks.Callback):
+    """Stops training with `TrainingDiverged` as soon as the loss is NaN or infinite.
+
+    It must come before the checkpoint callback, so that no checkpoint follows the bad step.
+    """
+
+    def __init__(self, manager):
+        super().__init__()
+        self.manager = manager
+
+    def on_train_batch_end(self, batch, logs=None):
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            step = int(self.model.optimizer.iterations.numpy())
+            raise TrainingDiverged(f"the loss is {float(loss)}", step, self.manager)
+
+
+class StopOnSignal(keras.callbacks.Callback):
+    """On SIGINT or SIGTERM, saves a checkpoint after the current step and stops training
+    by raising `TrainingInterrupted`; the same command then resumes from that checkpoint.
+    A second signal stops at once (the previous checkpoint remains)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, checkpointer, log=print):
+        super().__init__()
+        self.checkpointer = checkpointer
+        self.log = log
+        self.received = None
+        self._previous = {}
+
+    def _handle(self, signum, frame):
+        if self.received is not None:  # the second one: give up waiting
+            self.restore_handlers()
+            signal.raise_signal(signum)
+            return
+        self.received = signum
+        self.log(
+            f"\n{signal.Signals(signum).name}: saving a checkpoint after this step, then "
+            "stopping (send it again to stop at once)"
+        )
+
+    def restore_handlers(self):
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    def _stop_if_asked(self):
+        if self.received is not None:
+            self.restore_handlers()
+            raise TrainingInterrupted(self.received, self.checkpointer.save())
+
+    def on_train_begin(self, logs=None):
+        if threading.current_thread() is threading.main_thread():  # where handlers may go
+            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._stop_if_asked()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._stop_if_asked()  # a signal during validation: the epoch's checkpoint is saved
+
+    def on_train_end(self, logs=None):
+        self._stop_if_asked()
+        self.restore_handlers()
 
 
 class ValidationBleu(keras.callbacks.Callback):

@@ -126,6 +126,18 @@ def sampling_search(
     return _sequential_search(model, source_ids, max_length, draw, min_length)
 
 
+def blank_empty_sources(source_ids, pad_id, ids, lengths, scores, attention):
+    """n-best outputs (`[batch, n, ...]`) with nothing for the sources that are all padding:
+    an empty input translates to an empty output (ids all `pad_id`, length 0, score 0)."""
+    empty = tf.reduce_all(tf.equal(source_ids, pad_id), axis=1)
+
+    def blank(x, value):
+        where = tf.reshape(empty, [-1] + [1] * (len(x.shape) - 1))
+        return tf.where(where, tf.cast(value, x.dtype), x)
+
+    return blank(ids, pad_id), blank(lengths, 0), blank(scores, 0), blank(attention, 0)
+
+
 def length_penalty(lengths, alpha, kind="gnmt"):
     """The divisor of a hypothesis' log-probability: |Y|^alpha ("average") or the GNMT
     ((5 + |Y|) / 6)^alpha (Wu et al., 2016). alpha = 0 leaves scores unnormalised."""

@@ -62,9 +62,15 @@ def main(argv=None):
     _check_workdir(workdir, config)
     save_config(config, workdir / CONFIG_FILE)
     log(f"Work directory: {workdir} (configuration written to {workdir / CONFIG_FILE})")
-    from pipeline.trainer import run  # TensorFlow loads only once the configuration is valid
+    # TensorFlow loads only once the configuration is valid.
+    from pipeline.callbacks import TrainingInterrupted
+    from pipeline.trainer import run
 
-    history = run(config, workdir, log)
+    try:
+        history = run(config, workdir, log)
+    except TrainingInterrupted as stop:
+        log(f"\nStopped ({stop}); saved {stop.checkpoint}. Run the same command to resume from it.")
+        sys.exit(128 + stop.signum)
     if config["export"]["after_training"]:
         from export.exporter import export_model
 

@@ -80,11 +80,13 @@ def _restore(checkpoint, manager, model):
 
 def _callbacks(config, workdir, manager, completed_epochs, translator, corpora, has_valid, log):
     train = config["train"]
+    checkpointer = training_callbacks.CheckpointEveryNSteps(
+        manager, completed_epochs, train["checkpoint_every_steps"]
+    )
     callbacks = [
+        training_callbacks.StopOnNonFiniteLoss(manager),  # before any checkpoint of the step
         training_callbacks.TargetTokensPerSecond(),
-        training_callbacks.CheckpointEveryNSteps(
-            manager, completed_epochs, train["checkpoint_every_steps"]
-        ),
+        checkpointer,
     ]
     if train["bleu_every_epochs"]:
         sources = corpora["valid"].sources[: train["bleu_subset"]]
@@ -101,6 +103,8 @@ def _callbacks(config, workdir, manager, completed_epochs, translator, corpora, 
             )
         )
     callbacks.append(keras.callbacks.TensorBoard(str(workdir / LOG_DIR)))
+    # Last: on a signal, the other callbacks' train-end work (best weights) happens first.
+    callbacks.append(training_callbacks.StopOnSignal(checkpointer, log))
     return callbacks
 
 
@@ -157,16 +161,19 @@ def run(config, workdir, log=print):
     start = time.perf_counter()
     history = {}
     if int(completed_epochs.numpy()) < train["epochs"]:
-        history = model.fit(
-            train_data,
-            epochs=train["epochs"],
-            initial_epoch=int(completed_epochs.numpy()),
-            steps_per_epoch=train["steps_per_epoch"],
-            validation_data=valid_data,
-            callbacks=callbacks,
-            shuffle=False,  # the dataset shuffles itself, seeded
-            verbose=1,
-        ).history
+        try:
+            history = model.fit(
+                train_data,
+                epochs=train["epochs"],
+                initial_epoch=int(completed_epochs.numpy()),
+                steps_per_epoch=train["steps_per_epoch"],
+                validation_data=valid_data,
+                callbacks=callbacks,
+                shuffle=False,  # the dataset shuffles itself, seeded
+                verbose=1,
+            ).history
+        finally:
+            callbacks[-1].restore_handlers()
     training_seconds = time.perf_counter() - start
     # With nothing left to train, keep the saved model: it may hold early stopping's best weights.
     if history or not (workdir / MODEL_FILE).exists():

@@ -5,7 +5,13 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from pipeline.search import beam_search, greedy_search, max_decode_length, sampling_search
+from pipeline.search import (
+    beam_search,
+    blank_empty_sources,
+    greedy_search,
+    max_decode_length,
+    sampling_search,
+)
 from pipeline.tokenizer import EOS_ID, PAD_ID, UNK_ID
 
 
@@ -87,21 +93,21 @@ class Translator:
             lengths, o.max_length_ratio, o.max_length_offset, o.max_length_cap
         )
         if o.sampling_temperature is not None:
-            ids, _, scores, attention = sampling_search(
+            outputs = sampling_search(
                 self.model, source_ids, max_length, o.sampling_temperature, o.sampling_topk,
                 o.sampling_topp, seed=(o.seed, 0), min_length=o.min_length,
             )  # fmt: skip
         elif o.beam_size == 1 and o.n_best == 1:
-            ids, _, scores, attention = greedy_search(
-                self.model, source_ids, max_length, o.min_length
-            )
+            outputs = greedy_search(self.model, source_ids, max_length, o.min_length)
         else:
-            ids, _, scores, attention = beam_search(
+            outputs = beam_search(
                 self.model, source_ids, max_length, o.beam_size, o.n_best,
                 o.length_penalty, o.length_penalty_type, o.coverage_penalty, o.min_length,
             )  # fmt: skip
-            return ids, scores, attention
-        return ids[:, None], scores[:, None], attention[:, None]
+        if o.sampling_temperature is not None or (o.beam_size == 1 and o.n_best == 1):
+            outputs = [x[:, None] for x in outputs]  # one hypothesis per sentence
+        ids, _, scores, attention = blank_empty_sources(source_ids, PAD_ID, *outputs)
+        return ids, scores, attention
 
     def translate(self, sentences, progress=None):
         """The `n_best` hypotheses (best first) of each sentence, in input order."""
@@ -114,7 +120,10 @@ class Translator:
         for start in range(0, len(order), self.batch_size):
             indices = order[start : start + self.batch_size]
             batch = tf.gather(source_ids, indices)
-            ids, scores, attention = (t.numpy() for t in self._search(batch.to_tensor(PAD_ID)))
+            # Empty sentences alone still need one (padding) column to encode.
+            width = max(1, int(batch.bounding_shape(1)))
+            padded = batch.to_tensor(PAD_ID, shape=[len(indices), width])
+            ids, scores, attention = (t.numpy() for t in self._search(padded))
             for row, index in enumerate(indices):
                 source = batch[row].numpy().tolist()
                 results[index] = [
@@ -130,7 +139,7 @@ class Translator:
         return [hypotheses[0].text for hypotheses in self.translate(sentences, progress)]
 
     def _hypothesis(self, source, ids, score, attention):
-        ids = ids.tolist()
+        ids = [token for token in ids.tolist() if token != PAD_ID]
         length = ids.index(EOS_ID) + 1 if EOS_ID in ids else len(ids)
         ids = ids[:length]
         attention = attention[:length, : len(source)]
