@@ -80,6 +80,8 @@ class CheckpointEveryNSteps(keras.callbacks.Callback):
         return self.manager.save(checkpoint_number=step)
 
     def on_train_batch_end(self, batch, logs=None):
+        if batch + 1 == self.params.get("steps"):
+            return  # the epoch's end saves this step, with the epoch counted as done
         if int(self.model.optimizer.iterations.numpy()) % self.every_steps == 0:
             self.save()
 

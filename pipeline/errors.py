@@ -11,6 +11,12 @@ class UserError(Exception):
 EXIT_USER_ERROR = 2
 
 
+def first_line(error):
+    """The first line of an exception's message (library messages run to many lines)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def report_user_errors(main):
     """Wraps a command's `main`: a `UserError` prints `error: ...` and exits with status 2."""
 

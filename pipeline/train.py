@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipeline.config import DEFAULT_CONFIG, load_config, parse_export_formats, save_config
+from pipeline.config import DEFAULT_CONFIG, load_config, parse_export_formats
 from pipeline.errors import UserError, report_user_errors
 from pipeline.workdir import CONFIG_FILE
 
@@ -60,8 +60,7 @@ def main(argv=None):
     workdir = args.workdir or Path("runs") / args.config.stem
     workdir.mkdir(parents=True, exist_ok=True)
     _check_workdir(workdir, config)
-    save_config(config, workdir / CONFIG_FILE)
-    log(f"Work directory: {workdir} (configuration written to {workdir / CONFIG_FILE})")
+    log(f"Work directory: {workdir}")
     # TensorFlow loads only once the configuration is valid.
     from pipeline.callbacks import TrainingInterrupted
     from pipeline.trainer import run

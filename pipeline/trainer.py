@@ -7,9 +7,10 @@ import keras
 import tensorflow as tf
 
 from pipeline import callbacks as training_callbacks
+from pipeline.config import save_config
 from pipeline.corpus import read_split
 from pipeline.dataset import encode_corpus, make_dataset, with_known_length
-from pipeline.errors import UserError
+from pipeline.errors import UserError, first_line
 from pipeline.evaluation import score_translations
 from pipeline.model_builder import build_model
 from pipeline.schedules import LearningRateSchedule
@@ -17,6 +18,7 @@ from pipeline.tokenizer import prepare_tokenizers
 from pipeline.translation import SearchOptions, Translator
 from pipeline.workdir import (
     CHECKPOINT_DIR,
+    CONFIG_FILE,
     LOG_DIR,
     MODEL_FILE,
     TEST_REPORT,
@@ -73,9 +75,31 @@ def _restore(checkpoint, manager, model):
     model.optimizer.build(model.trainable_variables)
     try:
         checkpoint.restore(path).assert_existing_objects_matched()
-    except (tf.errors.OpError, AssertionError, ValueError) as error:
-        raise UserError(f"{path}: cannot restore this checkpoint ({error})") from None
+    except Exception as error:  # the checkpoint reader raises many types for a damaged file
+        raise UserError(
+            f"{path}: cannot restore this checkpoint: it is damaged or belongs to another model "
+            f"or vocabulary ({first_line(error)}); nothing was changed"
+        ) from None
     return True
+
+
+def _remaining_work(train_data, train, completed_epochs, step, log):
+    """(data, first epoch, steps or None for whole epochs) for each `fit` still to run.
+
+    A run stopped mid-epoch resumes with the rest of that epoch only (skipping the batches
+    it had done), so that a kill loses at most the steps since the last checkpoint.
+    """
+    if completed_epochs >= train["epochs"]:
+        return []
+    steps_per_epoch = train["steps_per_epoch"] or int(train_data.cardinality())
+    done = step - completed_epochs * steps_per_epoch
+    if not 0 < done < steps_per_epoch:
+        return [(train_data, completed_epochs, None)]
+    log(f"Finishing epoch {completed_epochs + 1}: {steps_per_epoch - done} steps left")
+    work = [(train_data.skip(done), completed_epochs, steps_per_epoch - done)]
+    if completed_epochs + 1 < train["epochs"]:
+        work.append((train_data, completed_epochs + 1, None))
+    return work
 
 
 def _callbacks(config, workdir, manager, completed_epochs, translator, corpora, has_valid, log):
@@ -147,6 +171,9 @@ def run(config, workdir, log=print):
             f"Resuming from {manager.latest_checkpoint} (step {int(optimizer.iterations.numpy())}, "
             f"{int(completed_epochs.numpy())} epochs done)"
         )
+    # Only now, when nothing has failed, does the work directory's configuration change.
+    save_config(config, workdir / CONFIG_FILE)
+    log(f"Configuration written to {workdir / CONFIG_FILE}")
     translator = Translator(
         model,
         source_tokenizer,
@@ -160,20 +187,24 @@ def run(config, workdir, log=print):
 
     start = time.perf_counter()
     history = {}
-    if int(completed_epochs.numpy()) < train["epochs"]:
-        try:
-            history = model.fit(
-                train_data,
-                epochs=train["epochs"],
-                initial_epoch=int(completed_epochs.numpy()),
-                steps_per_epoch=train["steps_per_epoch"],
+    try:
+        for data, first_epoch, steps in _remaining_work(
+            train_data, train, int(completed_epochs.numpy()), int(optimizer.iterations.numpy()), log
+        ):
+            fitted = model.fit(
+                data,
+                epochs=train["epochs"] if steps is None else first_epoch + 1,
+                initial_epoch=first_epoch,
+                steps_per_epoch=steps or train["steps_per_epoch"],
                 validation_data=valid_data,
                 callbacks=callbacks,
                 shuffle=False,  # the dataset shuffles itself, seeded
                 verbose=1,
             ).history
-        finally:
-            callbacks[-1].restore_handlers()
+            for key, values in fitted.items():
+                history.setdefault(key, []).extend(values)
+    finally:
+        callbacks[-1].restore_handlers()
     training_seconds = time.perf_counter() - start
     # With nothing left to train, keep the saved model: it may hold early stopping's best weights.
     if history or not (workdir / MODEL_FILE).exists():

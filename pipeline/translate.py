@@ -86,8 +86,9 @@ def main(argv=None):
     from pipeline.translation import SearchOptions, Translator
     from pipeline.workdir import load_trained
 
-    sentences = read_sentences(args.input, args.errors)
+    # The model first: a bad work directory is reported before anyone types on stdin.
     config, model, source_tokenizer, target_tokenizer = load_trained(args.workdir)
+    sentences = read_sentences(args.input, args.errors)
     beam_size = args.beam_size or max(config["decode"]["beam_size"], args.n_best)
     options = SearchOptions.from_config(
         config["decode"],

@@ -6,7 +6,7 @@ import tempfile
 from pathlib import Path
 
 from pipeline.config import load_config
-from pipeline.errors import UserError
+from pipeline.errors import UserError, first_line
 
 CONFIG_FILE = "config.yaml"
 MODEL_FILE = "model.keras"
@@ -78,7 +78,17 @@ def load_trained(workdir):
     source_path, target_path = vocabulary_paths(workdir)
     source_tokenizer, target_tokenizer = Tokenizer(source_path), Tokenizer(target_path)
     try:
-        model = keras.saving.load_model(model_path, compile=False)  # inference only
+        # safe_mode: a model file may not run code (no lambdas) on loading.
+        model = keras.saving.load_model(model_path, compile=False, safe_mode=True)
     except Exception as error:  # Keras raises many types for a damaged file
-        raise UserError(f"{model_path}: cannot load the model ({error})") from None
+        raise UserError(f"{model_path}: cannot load the model ({first_line(error)})") from None
+    for tokenizer, size in (
+        (source_tokenizer, model.encoder.vocab_size),
+        (target_tokenizer, model.target_vocab_size),
+    ):
+        if tokenizer.vocab_size != size:
+            raise UserError(
+                f"{tokenizer.model_path}: {tokenizer.vocab_size} pieces, but {model_path} was "
+                f"trained with {size}; the vocabulary does not belong to this model"
+            )
     return config, model, source_tokenizer, target_tokenizer

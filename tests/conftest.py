@@ -16,3 +16,20 @@ def _seed():
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+@pytest.fixture(scope="session")
+def exported_workdir(tmp_path_factory):
+    """A smoke model trained long enough to write multi-token outputs, exported by training
+    (WORKDIR/export). Shared: tests must not change it."""
+    from pipeline import train
+    from pipeline.config import PROJECT_ROOT
+
+    workdir = tmp_path_factory.mktemp("exported")
+    train.main(
+        ["--config", str(PROJECT_ROOT / "configs" / "smoke.yaml"), "--workdir", str(workdir),
+         "--set", "train.steps_per_epoch=40", "--set", "train.bleu_every_epochs=0",
+         "--set", "data.test_source=null", "--set", "data.test_target=null",
+         "--set", "export.after_training=true"]
+    )  # fmt: skip
+    return workdir

@@ -1,7 +1,14 @@
 """Small shared builders for the tests."""
 
+import gzip
+import os
+import subprocess
+import sys
+
 import numpy as np
 import tensorflow as tf
+
+from pipeline.config import PROJECT_ROOT
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
@@ -43,3 +50,24 @@ def assert_gradients_reach(layer_fn, layer):
     for variable, grad in zip(layer.trainable_variables, grads):
         assert grad is not None, f"no gradient reaches {variable.path}"
         assert float(tf.reduce_max(tf.abs(grad))) > 0, f"zero gradient at {variable.path}"
+
+
+def real_sentences(n, split="test_2016_flickr"):
+    """The first `n` German sentences of a bundled Multi30k split."""
+    path = PROJECT_ROOT / "data" / "multi30k" / f"{split}.de.gz"
+    with gzip.open(path, "rt", encoding="utf-8") as lines:
+        return [next(lines).rstrip("\n") for _ in range(n)]
+
+
+def run_python(code, *args, expect_status=0):
+    """Runs `code` in a fresh interpreter in the project root; returns its stdout."""
+    result = subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT_ROOT,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+        timeout=300,
+    )
+    assert result.returncode == expect_status, result.stderr[-3000:]
+    return result.stdout

@@ -2,12 +2,9 @@
 without tensorflow-text), ONNX parity, the TensorFlow-free runtime, the TF Serving client
 and the Node.js example, on a briefly trained smoke model."""
 
-import gzip
 import json
-import os
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import onnxruntime
@@ -17,32 +14,18 @@ import tensorflow as tf
 import export.__main__ as export_cli
 from export import client
 from export.serving_check import read_meta_graph, unsupported_ops, write_signature_only
-from pipeline import train
+from helpers import real_sentences, run_python
 from pipeline.config import PROJECT_ROOT
 from pipeline.search import greedy_search
 from pipeline.translation import SearchOptions, Translator
 from pipeline.workdir import load_trained
 
-TEST_SOURCES = PROJECT_ROOT / "data" / "multi30k" / "test_2016_flickr.de.gz"
 MODEL_NAME = "translator"
 
 
-def real_sentences(n):
-    with gzip.open(TEST_SOURCES, "rt", encoding="utf-8") as lines:
-        return [next(lines).rstrip("\n") for _ in range(n)]
-
-
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    """A smoke model trained long enough to write multi-token outputs, exported by training."""
-    workdir = tmp_path_factory.mktemp("export")
-    train.main(
-        ["--config", str(PROJECT_ROOT / "configs" / "smoke.yaml"), "--workdir", str(workdir),
-         "--set", "train.steps_per_epoch=40", "--set", "train.bleu_every_epochs=0",
-         "--set", "data.test_source=null", "--set", "data.test_target=null",
-         "--set", "export.after_training=true"]
-    )  # fmt: skip
-    return workdir
+def workdir(exported_workdir):
+    return exported_workdir
 
 
 @pytest.fixture(scope="module")
@@ -90,19 +73,6 @@ def search_onnx(session, source_ids, **options):
 def padded_ids(workdir, sentences):
     _, _, source_tokenizer, _ = load_trained(workdir)
     return source_tokenizer.tokenize(tf.constant(sentences)).to_tensor(0).numpy()
-
-
-def run_python(code, *args):
-    result = subprocess.run(
-        [sys.executable, "-c", code, *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=PROJECT_ROOT,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
 
 
 def test_training_exports_both_formats_in_place(out, saved_model_dir):
