@@ -1,11 +1,26 @@
 """The attentional encoder-decoder model."""
 
 import keras
+import tensorflow as tf
 from keras import ops
 
 from layers.scheduled_sampling import SamplingSchedule
 from layers.state_bridge import StateBridge
-from layers.token_losses import Perplexity, TokenAccuracy, token_cross_entropy
+from layers.token_losses import (
+    Perplexity,
+    TokenAccuracy,
+    replicas_in_sync,
+    sum_over_replicas,
+    token_cross_entropy,
+)
+
+
+def _logs_for_multi_worker(logs):
+    """Under MultiWorkerMirroredStrategy, Keras averages each replica's logs along axis 0,
+    which scalars lack: give them one (the values are equal, being synchronised metrics)."""
+    if not isinstance(tf.distribute.get_strategy(), tf.distribute.MultiWorkerMirroredStrategy):
+        return logs
+    return {name: ops.reshape(value, [1]) for name, value in logs.items()}
 
 
 def _deserialize(obj):
@@ -129,12 +144,30 @@ class Seq2Seq(keras.Model):
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         mask = ops.not_equal(y, self.pad_id)
         losses, nll = token_cross_entropy(y, y_pred, mask, self.label_smoothing)
-        loss = ops.divide_no_nan(ops.sum(losses), ops.sum(ops.cast(mask, "float32")))
+        # This replica's share of the mean over every replica's target tokens (see
+        # `sum_over_replicas`); with one replica, the plain mean.
+        tokens = sum_over_replicas(ops.sum(ops.cast(mask, "float32")))
+        loss = ops.divide_no_nan(ops.sum(losses), tokens)
         self.token_accuracy.update_state(y, y_pred, mask)
         self.perplexity.update_state(nll, mask)
         if self.losses:
-            loss = loss + ops.sum(self.losses)
+            loss = loss + ops.sum(self.losses) / replicas_in_sync()  # each replica: its share
         return loss
+
+    def train_step(self, data):
+        return _logs_for_multi_worker(super().train_step(data))
+
+    def test_step(self, data):
+        return _logs_for_multi_worker(super().test_step(data))
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        # Under tf.distribute, Keras averages a first batch over the replicas to build from;
+        # that fails when replicas hold batches of different lengths (length bucketing) and
+        # would skip that batch. Built layers and a built optimizer need no sample batch.
+        layers_built = all(layer.built for layer in self._flatten_layers())
+        if layers_built and self.optimizer is not None and self.optimizer.built:
+            return
+        super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
 
     def get_config(self):
         config = super().get_config()

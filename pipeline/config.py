@@ -131,7 +131,13 @@ SCHEMA = {
         "replace_unknown": Field(bool, False),
     },
     "distribute": {
-        "strategy": Field(str, "default", choices=("default",)),
+        "strategy": Field(str, "default", choices=("default", "mirrored", "multi_worker", "tpu")),
+        "cpu_replicas": _positive_int(None, nullable=True),  # mirrored on a CPU: N devices
+        "scale_learning_rate": Field(bool, False),  # learning rate x number of replicas
+        "communication": Field(str, "auto", choices=("auto", "ring", "nccl")),  # multi_worker
+        "tpu_name": Field(str, None, nullable=True),  # TPUClusterResolver(tpu=...)
+        "tpu_zone": Field(str, None, nullable=True),
+        "tpu_project": Field(str, None, nullable=True),
     },
     "export": {
         "after_training": Field(bool, False),

@@ -90,13 +90,12 @@ def make_dataset(
     Pairs are grouped in buckets of similar length so that batches waste little padding.
     Batches hold `batch_size` pairs, or with `batch_tokens` as many pairs as fit that many
     tokens at the bucket's longest length. With `shuffle_buffer` the pairs are reshuffled every
-    epoch from `seed`. With a `tf.distribute.InputContext`, each input pipeline reads its own
-    shard and batches for one replica.
+    epoch from `seed`. `batch_size` and `batch_tokens` are per replica: with a
+    `tf.distribute.InputContext`, each input pipeline reads its own shard of the pairs.
     """
     dataset = tf.data.Dataset.from_tensor_slices((encoded.source_ids, encoded.target_ids))
     if input_context is not None:
         dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-        batch_size = input_context.get_per_replica_batch_size(batch_size)
     dataset = dataset.map(_to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE).cache()
     if shuffle_buffer:
         dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)

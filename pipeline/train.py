@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from pipeline.config import DEFAULT_CONFIG, load_config, parse_export_formats
+from pipeline.distribution import current_task
 from pipeline.errors import UserError, report_user_errors
 from pipeline.workdir import CONFIG_FILE
 
@@ -20,6 +21,11 @@ def parse_args(argv):
         "--workdir",
         type=Path,
         help="where vocabularies, checkpoints and reports go (default: runs/<config name>)",
+    )
+    parser.add_argument(
+        "--strategy",
+        choices=("default", "mirrored", "multi_worker", "tpu"),
+        help="tf.distribute strategy (overrides distribute.strategy)",
     )
     parser.add_argument(
         "--set",
@@ -56,7 +62,8 @@ def _check_workdir(workdir, config):
 @report_user_errors
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    config = load_config(args.config, args.set)
+    overrides = args.set + ([f"distribute.strategy={args.strategy}"] if args.strategy else [])
+    config = load_config(args.config, overrides)
     workdir = args.workdir or Path("runs") / args.config.stem
     workdir.mkdir(parents=True, exist_ok=True)
     _check_workdir(workdir, config)
@@ -70,7 +77,7 @@ def main(argv=None):
     except TrainingInterrupted as stop:
         log(f"\nStopped ({stop}); saved {stop.checkpoint}. Run the same command to resume from it.")
         sys.exit(128 + stop.signum)
-    if config["export"]["after_training"]:
+    if config["export"]["after_training"] and current_task(config["distribute"]).is_chief:
         from export.exporter import export_model
 
         formats = parse_export_formats(config["export"]["formats"], "export.formats")

@@ -1,15 +1,22 @@
 """One training run in a work directory: data, model, fit with checkpoints, test evaluation."""
 
+import contextlib
+import dataclasses
+import hashlib
 import json
+import shutil
 import time
+from collections.abc import Callable
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from pipeline import callbacks as training_callbacks
 from pipeline.config import save_config
 from pipeline.corpus import read_split
 from pipeline.dataset import encode_corpus, make_dataset, with_known_length
+from pipeline.distribution import current_task, make_strategy
 from pipeline.errors import UserError, first_line
 from pipeline.evaluation import score_translations
 from pipeline.model_builder import build_model
@@ -28,14 +35,24 @@ from pipeline.workdir import (
 )
 
 
-def _datasets(config, corpora, source_tokenizer, target_tokenizer, log):
+@dataclasses.dataclass
+class TrainingData:
+    """`make(skip)`: the dataset for `fit`, `skip` steps into an epoch; `steps_per_epoch`;
+    `repeats`: whether the data repeats (so `fit` must be told the steps of each epoch)."""
+
+    make: Callable
+    steps_per_epoch: int
+    repeats: bool
+
+
+def _datasets(config, corpora, source_tokenizer, target_tokenizer, strategy, log):
     data, train = config["data"], config["train"]
 
     def encoded(split):
         return encode_corpus(corpora[split], source_tokenizer, target_tokenizer, data, split, log)
 
     batching = dict(
-        batch_size=train["batch_size"],
+        batch_size=train["batch_size"],  # per replica
         batch_tokens=train["batch_tokens"],
         bucket_width=train["bucket_width"],
         max_length=max(data["max_source_length"], data["max_target_length"]),
@@ -43,23 +60,37 @@ def _datasets(config, corpora, source_tokenizer, target_tokenizer, log):
     train_set = encoded("train")
     if not len(train_set):
         raise UserError(f"{corpora['train'].origin}: no usable training pairs")
-    train_data = with_known_length(
-        make_dataset(
-            train_set, shuffle_buffer=train["shuffle_buffer"], seed=train["seed"], **batching
-        )
-    )
-    if train["steps_per_epoch"]:  # epochs of a fixed number of steps run across data epochs
-        train_data = train_data.repeat()
+    shuffling = dict(shuffle_buffer=train["shuffle_buffer"], seed=train["seed"])
     valid_data = None
     if corpora["valid"]:
         valid_data = with_known_length(make_dataset(encoded("valid"), **batching))
-    return train_data, valid_data
+    if config["distribute"]["strategy"] == "default":
+        whole = with_known_length(make_dataset(train_set, **shuffling, **batching))
+        steps = train["steps_per_epoch"] or int(whole.cardinality())
+        repeats = bool(train["steps_per_epoch"])  # fixed-step epochs run across data epochs
+        if repeats:
+            whole = whole.repeat()
+        return TrainingData(lambda skip: whole.skip(skip), steps, repeats), valid_data
+
+    # Each input pipeline (one a worker) reads its shard and feeds its replicas in turn.
+    batches = int(make_dataset(train_set, **batching).reduce(0, lambda n, _: n + 1))
+    steps = train["steps_per_epoch"] or max(1, batches // strategy.num_replicas_in_sync)
+
+    def make(skip):
+        def per_pipeline(context):
+            replicas_here = context.num_replicas_in_sync // context.num_input_pipelines
+            dataset = make_dataset(train_set, **shuffling, **batching, input_context=context)
+            return dataset.repeat().skip(skip * replicas_here)
+
+        return strategy.distribute_datasets_from_function(per_pipeline)
+
+    return TrainingData(make, steps, repeats=True), valid_data
 
 
-def _optimizer(train):
+def _optimizer(train, learning_rate):
     schedule = LearningRateSchedule(
         train["lr_schedule"],
-        train["learning_rate"],
+        learning_rate,
         train["warmup_steps"],
         train["decay_steps"],
         train["decay_rate"],
@@ -72,7 +103,6 @@ def _restore(checkpoint, manager, model):
     path = manager.latest_checkpoint
     if not path:
         return False
-    model.optimizer.build(model.trainable_variables)
     try:
         checkpoint.restore(path).assert_existing_objects_matched()
     except Exception as error:  # the checkpoint reader raises many types for a damaged file
@@ -83,26 +113,28 @@ def _restore(checkpoint, manager, model):
     return True
 
 
-def _remaining_work(train_data, train, completed_epochs, step, log):
-    """(data, first epoch, steps or None for whole epochs) for each `fit` still to run.
+def _remaining_work(training, epochs, completed_epochs, step, log):
+    """(data, first epoch, end epoch, steps per epoch or None) for each `fit` still to run.
 
     A run stopped mid-epoch resumes with the rest of that epoch only (skipping the batches
     it had done), so that a kill loses at most the steps since the last checkpoint.
     """
-    if completed_epochs >= train["epochs"]:
+    if completed_epochs >= epochs:
         return []
-    steps_per_epoch = train["steps_per_epoch"] or int(train_data.cardinality())
-    done = step - completed_epochs * steps_per_epoch
-    if not 0 < done < steps_per_epoch:
-        return [(train_data, completed_epochs, None)]
-    log(f"Finishing epoch {completed_epochs + 1}: {steps_per_epoch - done} steps left")
-    work = [(train_data.skip(done), completed_epochs, steps_per_epoch - done)]
-    if completed_epochs + 1 < train["epochs"]:
-        work.append((train_data, completed_epochs + 1, None))
+    per_epoch = training.steps_per_epoch
+    whole_epochs = per_epoch if training.repeats else None
+    done = step - completed_epochs * per_epoch
+    if not 0 < done < per_epoch:
+        return [(training.make(0), completed_epochs, epochs, whole_epochs)]
+    log(f"Finishing epoch {completed_epochs + 1}: {per_epoch - done} steps left")
+    work = [(training.make(done), completed_epochs, completed_epochs + 1, per_epoch - done)]
+    if completed_epochs + 1 < epochs:
+        work.append((training.make(0), completed_epochs + 1, epochs, whole_epochs))
     return work
 
 
-def _callbacks(config, workdir, manager, completed_epochs, translator, corpora, has_valid, log):
+def _callbacks(config, workdir, task, manager, completed_epochs, translator, corpora, has_valid,
+               log):  # fmt: skip
     train = config["train"]
     checkpointer = training_callbacks.CheckpointEveryNSteps(
         manager, completed_epochs, train["checkpoint_every_steps"]
@@ -112,7 +144,7 @@ def _callbacks(config, workdir, manager, completed_epochs, translator, corpora, 
         training_callbacks.TargetTokensPerSecond(),
         checkpointer,
     ]
-    if train["bleu_every_epochs"]:
+    if train["bleu_every_epochs"] and task.is_chief:
         sources = corpora["valid"].sources[: train["bleu_subset"]]
         references = corpora["valid"].targets[: len(sources)]
         callbacks.append(
@@ -126,7 +158,8 @@ def _callbacks(config, workdir, manager, completed_epochs, translator, corpora, 
                 patience=train["early_stopping_patience"], restore_best_weights=True, verbose=1
             )
         )
-    callbacks.append(keras.callbacks.TensorBoard(str(workdir / LOG_DIR)))
+    if task.is_chief:
+        callbacks.append(keras.callbacks.TensorBoard(str(workdir / LOG_DIR)))
     # Last: on a signal, the other callbacks' train-end work (best weights) happens first.
     callbacks.append(training_callbacks.StopOnSignal(checkpointer, log))
     return callbacks
@@ -146,34 +179,55 @@ def _evaluate_test(translator, corpus, workdir, training_seconds, log):
 
 
 def run(config, workdir, log=print):
-    """Trains (or resumes) the model of `config` in `workdir`; returns the Keras history."""
+    """Trains (or resumes) the model of `config` in `workdir`; returns the Keras history.
+
+    Under a multi-worker strategy every worker calls this; only the chief writes to
+    `workdir`, the others to their scratch folders (see `pipeline.distribution`).
+    """
     train = config["train"]
+    strategy = make_strategy(config["distribute"])  # before any TensorFlow op
+    task = current_task(config["distribute"])
+    output = task.output_dir(workdir)
+    output.mkdir(parents=True, exist_ok=True)
+    replicas = strategy.num_replicas_in_sync
+    learning_rate = train["learning_rate"] * (
+        replicas if config["distribute"]["scale_learning_rate"] else 1
+    )
+    log(
+        f"Strategy: {config['distribute']['strategy']}, {replicas} replica(s), this process "
+        f"{task}{' (chief)' if task.is_chief else ''}; batch {train['batch_size']} per replica, "
+        f"{train['batch_size'] * replicas} global; learning rate {learning_rate:g}"
+    )
     keras.utils.set_random_seed(train["seed"])
     corpora = {split: read_split(config["data"], split) for split in ("train", "valid", "test")}
     source_tokenizer, target_tokenizer = prepare_tokenizers(
-        workdir, config["data"], corpora["train"], log
+        output, config["data"], corpora["train"], log
     )
     log(f"Vocabularies: {source_tokenizer.vocab_size} source, {target_tokenizer.vocab_size} target")
-    train_data, valid_data = _datasets(config, corpora, source_tokenizer, target_tokenizer, log)
-
-    model = build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
-    optimizer = _optimizer(train)
-    model.compile(optimizer=optimizer, jit_compile=train["jit_compile"])
-    log(f"Model: {model.count_params():,} parameters")
-
-    completed_epochs = tf.Variable(0, dtype=tf.int64, trainable=False)
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epochs=completed_epochs)
-    manager = tf.train.CheckpointManager(
-        checkpoint, str(workdir / CHECKPOINT_DIR), max_to_keep=train["keep_checkpoints"]
+    training, valid_data = _datasets(
+        config, corpora, source_tokenizer, target_tokenizer, strategy, log
     )
-    if _restore(checkpoint, manager, model):
+
+    with strategy.scope():
+        model = build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
+        optimizer = _optimizer(train, learning_rate)
+        model.compile(optimizer=optimizer, jit_compile=train["jit_compile"])
+        optimizer.build(model.trainable_variables)  # now, so that replicas need no sample batch
+        completed_epochs = tf.Variable(0, dtype=tf.int64, trainable=False)
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epochs=completed_epochs)
+        manager = tf.train.CheckpointManager(
+            checkpoint, str(output / CHECKPOINT_DIR), max_to_keep=train["keep_checkpoints"]
+        )
+        restored = _restore(checkpoint, manager, model)
+    log(f"Model: {model.count_params():,} parameters")
+    if restored:
         log(
             f"Resuming from {manager.latest_checkpoint} (step {int(optimizer.iterations.numpy())}, "
             f"{int(completed_epochs.numpy())} epochs done)"
         )
-    # Only now, when nothing has failed, does the work directory's configuration change.
-    save_config(config, workdir / CONFIG_FILE)
-    log(f"Configuration written to {workdir / CONFIG_FILE}")
+    if task.is_chief:  # only now, when nothing has failed, does the configuration change
+        save_config(config, workdir / CONFIG_FILE)
+        log(f"Configuration written to {workdir / CONFIG_FILE}")
     translator = Translator(
         model,
         source_tokenizer,
@@ -182,30 +236,38 @@ def run(config, workdir, log=print):
         config["decode"]["batch_size"],
     )
     callbacks = _callbacks(
-        config, workdir, manager, completed_epochs, translator, corpora, valid_data is not None, log
-    )
+        config, workdir, task, manager, completed_epochs, translator, corpora,
+        valid_data is not None, log,
+    )  # fmt: skip
 
     start = time.perf_counter()
     history = {}
     try:
-        for data, first_epoch, steps in _remaining_work(
-            train_data, train, int(completed_epochs.numpy()), int(optimizer.iterations.numpy()), log
-        ):
+        for data, first_epoch, end_epoch, steps in _remaining_work(
+            training, train["epochs"], int(completed_epochs.numpy()),
+            int(optimizer.iterations.numpy()), log,
+        ):  # fmt: skip
             fitted = model.fit(
                 data,
-                epochs=train["epochs"] if steps is None else first_epoch + 1,
+                epochs=end_epoch,
                 initial_epoch=first_epoch,
-                steps_per_epoch=steps or train["steps_per_epoch"],
+                steps_per_epoch=steps,
                 validation_data=valid_data,
                 callbacks=callbacks,
                 shuffle=False,  # the dataset shuffles itself, seeded
-                verbose=1,
+                verbose=1 if task.is_chief else 2,
             ).history
             for key, values in fitted.items():
                 history.setdefault(key, []).extend(values)
     finally:
         callbacks[-1].restore_handlers()
     training_seconds = time.perf_counter() - start
+    log(f"Weights fingerprint: {weights_fingerprint(model)}")
+    if not task.is_chief:  # the chief holds the results
+        shutil.rmtree(output, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            output.parent.rmdir()  # the scratch root, once no worker uses it
+        return history
     # With nothing left to train, keep the saved model: it may hold early stopping's best weights.
     if history or not (workdir / MODEL_FILE).exists():
         save_model_atomically(model, workdir / MODEL_FILE)
@@ -213,3 +275,11 @@ def run(config, workdir, log=print):
     if corpora["test"]:
         _evaluate_test(translator, corpora["test"], workdir, training_seconds, log)
     return history
+
+
+def weights_fingerprint(model):
+    """A short hash of every weight: equal on workers that hold the same model."""
+    digest = hashlib.sha256()
+    for weight in model.weights:
+        digest.update(np.ascontiguousarray(keras.ops.convert_to_numpy(weight)).tobytes())
+    return digest.hexdigest()[:16]

@@ -114,12 +114,12 @@ def test_each_input_pipeline_reads_its_own_shard(tokenizer, corpus):
             num_input_pipelines=2, input_pipeline_id=pipeline_id, num_replicas_in_sync=2
         )
         dataset = make_dataset(
-            encoded, batch_size=32, bucket_width=100, max_length=60, input_context=context
+            encoded, batch_size=16, bucket_width=100, max_length=60, input_context=context
         )
         shard = [
             tuple(row[row != 0]) for inputs, _ in dataset for row in inputs["source_ids"].numpy()
         ]
-        assert max(len(inputs["source_ids"]) for inputs, _ in dataset) <= 16  # per-replica batch
+        assert max(len(inputs["source_ids"]) for inputs, _ in dataset) == 16  # per replica
         rows.append(shard)
     assert len(rows[0]) + len(rows[1]) == len(encoded)
     assert abs(len(rows[0]) - len(rows[1])) <= 1

@@ -1,0 +1,127 @@
+"""tf.distribute: the loss over two replicas equals one device's on the same global batch;
+mirrored training over two logical CPUs; a two-process multi-worker run on 127.0.0.1; and the
+cluster bookkeeping (TF_CONFIG, chief, scratch folders)."""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pipeline.config import PROJECT_ROOT, load_config
+from pipeline.distribution import SCRATCH_DIR, Task, current_task
+from pipeline.errors import UserError
+
+SMOKE = PROJECT_ROOT / "configs" / "smoke.yaml"
+QUICK = ["--set", "train.bleu_every_epochs=0", "--set", "data.test_source=null",
+         "--set", "data.test_target=null"]  # fmt: skip
+
+
+def environment(**extra):
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    return {**env, "TF_CPP_MIN_LOG_LEVEL": "3", **extra}
+
+
+def train_command(workdir, *args):
+    return [sys.executable, "-m", "pipeline.train", "--config", str(SMOKE),
+            "--workdir", str(workdir), *QUICK, *args]  # fmt: skip
+
+
+def fingerprint(output):
+    return re.search(r"Weights fingerprint: (\w+)", output).group(1)
+
+
+def test_two_replicas_give_one_devices_losses_and_weights():
+    result = subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "tests" / "mirrored_steps.py")],
+        capture_output=True, text=True, timeout=300, env=environment(),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = json.loads(result.stdout.strip().splitlines()[-1])
+    assert steps["replicas"] == 2
+    np.testing.assert_allclose(steps["mirrored"], steps["single"], rtol=1e-5)
+    assert steps["max_weight_difference"] < 1e-5
+
+
+def test_mirrored_training_over_two_cpu_devices(tmp_path):
+    result = subprocess.run(
+        train_command(tmp_path, "--strategy", "mirrored", "--set", "distribute.cpu_replicas=2",
+                      "--set", "distribute.scale_learning_rate=true"),
+        capture_output=True, text=True, timeout=300, cwd=PROJECT_ROOT, env=environment(),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "2 replica(s)" in result.stdout and "32 per replica, 64 global" in result.stdout
+    assert "learning rate 0.02" in result.stdout  # 0.01 x 2 replicas
+    assert (tmp_path / "model.keras").is_file()
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_two_workers_finish_with_identical_weights(tmp_path):
+    cluster = {"worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
+    workers = [
+        subprocess.Popen(
+            train_command(tmp_path, "--strategy", "multi_worker"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=PROJECT_ROOT,
+            env=environment(
+                TF_CONFIG=json.dumps(
+                    {"cluster": cluster, "task": {"type": "worker", "index": index}}
+                )
+            ),
+        )  # fmt: skip
+        for index in range(2)
+    ]
+    outputs = []
+    for worker in workers:
+        try:
+            outputs.append(worker.communicate(timeout=300)[0])
+        finally:
+            worker.kill()
+    for worker, output in zip(workers, outputs):
+        assert worker.returncode == 0, output[-3000:]
+    assert "worker-0 (chief)" in outputs[0] and "this process worker-1;" in outputs[1]
+    assert fingerprint(outputs[0]) == fingerprint(outputs[1])
+    # Only the chief wrote to the work directory; the other worker's scratch is gone.
+    assert (tmp_path / "model.keras").is_file() and (tmp_path / "checkpoints").is_dir()
+    assert not (tmp_path / SCRATCH_DIR).exists()
+
+
+def test_the_chief_and_the_scratch_folders(monkeypatch, tmp_path):
+    multi = {"strategy": "multi_worker"}
+    assert current_task({"strategy": "mirrored"}) == Task()
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(UserError, match="needs TF_CONFIG"):
+        current_task(multi)
+    monkeypatch.setenv("TF_CONFIG", "{not json")
+    with pytest.raises(UserError, match="TF_CONFIG: expected JSON"):
+        current_task(multi)
+    for cluster, task_type, index, chief in [
+        ({"worker": ["a", "b"]}, "worker", 0, True),
+        ({"worker": ["a", "b"]}, "worker", 1, False),
+        ({"chief": ["c"], "worker": ["a"]}, "worker", 0, False),
+        ({"chief": ["c"], "worker": ["a"]}, "chief", 0, True),
+    ]:
+        tf_config = {"cluster": cluster, "task": {"type": task_type, "index": index}}
+        monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
+        task = current_task(multi)
+        assert task.is_chief == chief
+        expected = tmp_path if chief else tmp_path / SCRATCH_DIR / f"{task_type}-{index}"
+        assert task.output_dir(tmp_path) == expected
+
+
+def test_distribute_settings_are_validated(tmp_path):
+    with pytest.raises(UserError, match="distribute.strategy must be one of"):
+        load_config(SMOKE, ["distribute.strategy=horovod"])
+    with pytest.raises(UserError, match="distribute.cpu_replicas must be at least 1"):
+        load_config(SMOKE, ["distribute.cpu_replicas=0"])
