@@ -17,6 +17,11 @@ from pathlib import Path
 from pipeline.errors import UserError
 
 SCRATCH_DIR = "worker-scratch"
+EXIT_RESTART = 75  # EX_TEMPFAIL: the same command, run again on every worker, resumes
+
+
+class WorkerLost(Exception):
+    """Another worker of a multi-worker run stopped; every worker must restart to resume."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +71,23 @@ def current_task(distribute_config):
     task_type, index = tf_config["task"]["type"], int(tf_config["task"]["index"])
     first_worker = task_type == "worker" and index == 0 and "chief" not in tf_config["cluster"]
     return Task(task_type, index, is_chief=task_type == "chief" or first_worker)
+
+
+def check_same_step(strategy, step):
+    """Under multi_worker, stops unless every worker restored the same training step (a
+    worker killed while saving may hold an older latest checkpoint than the others)."""
+    import tensorflow as tf
+
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return
+    mean = strategy.reduce("MEAN", tf.constant(float(step)), axis=None)
+    spread = strategy.reduce("MEAN", tf.abs(float(step) - mean), axis=None)  # 0 iff all equal
+    if float(spread) > 0:
+        raise UserError(
+            f"the workers restored different steps (this one {step}, the cluster's mean "
+            f"{float(mean):g}); delete the newest checkpoints so that every worker's latest "
+            "is the same step, then restart every worker"
+        )
 
 
 def make_strategy(distribute_config):

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from pipeline.config import DEFAULT_CONFIG, load_config, parse_export_formats
-from pipeline.distribution import current_task
+from pipeline.distribution import EXIT_RESTART, WorkerLost, current_task
 from pipeline.errors import UserError, report_user_errors
 from pipeline.workdir import CONFIG_FILE
 
@@ -74,6 +74,9 @@ def main(argv=None):
 
     try:
         history = run(config, workdir, log)
+    except WorkerLost as lost:
+        log(f"\n{lost}")
+        sys.exit(EXIT_RESTART)
     except TrainingInterrupted as stop:
         log(f"\nStopped ({stop}); saved {stop.checkpoint}. Run the same command to resume from it.")
         sys.exit(128 + stop.signum)

@@ -16,7 +16,7 @@ from pipeline import callbacks as training_callbacks
 from pipeline.config import save_config
 from pipeline.corpus import read_split
 from pipeline.dataset import encode_corpus, make_dataset, with_known_length
-from pipeline.distribution import current_task, make_strategy
+from pipeline.distribution import WorkerLost, check_same_step, current_task, make_strategy
 from pipeline.errors import UserError, first_line
 from pipeline.evaluation import score_translations
 from pipeline.model_builder import build_model
@@ -219,6 +219,7 @@ def run(config, workdir, log=print):
             checkpoint, str(output / CHECKPOINT_DIR), max_to_keep=train["keep_checkpoints"]
         )
         restored = _restore(checkpoint, manager, model)
+    check_same_step(strategy, int(optimizer.iterations.numpy()))
     log(f"Model: {model.count_params():,} parameters")
     if restored:
         log(
@@ -259,6 +260,13 @@ def run(config, workdir, log=print):
             ).history
             for key, values in fitted.items():
                 history.setdefault(key, []).extend(values)
+    except (tf.errors.UnavailableError, tf.errors.AbortedError) as error:
+        if config["distribute"]["strategy"] != "multi_worker":
+            raise
+        raise WorkerLost(
+            f"another worker stopped ({first_line(error)}); the last checkpoint here is "
+            f"{manager.latest_checkpoint}. Restart every worker with the same command to resume"
+        ) from None
     finally:
         callbacks[-1].restore_handlers()
     training_seconds = time.perf_counter() - start

@@ -8,12 +8,13 @@ import re
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 
 from pipeline.config import PROJECT_ROOT, load_config
-from pipeline.distribution import SCRATCH_DIR, Task, current_task
+from pipeline.distribution import EXIT_RESTART, SCRATCH_DIR, Task, current_task
 from pipeline.errors import UserError
 
 SMOKE = PROJECT_ROOT / "configs" / "smoke.yaml"
@@ -65,36 +66,67 @@ def free_port():
         return probe.getsockname()[1]
 
 
-def test_two_workers_finish_with_identical_weights(tmp_path):
-    cluster = {"worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
-    workers = [
+def start_workers(workdir, cluster, *args):
+    def tf_config(index):
+        return json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+
+    command = train_command(workdir, "--strategy", "multi_worker", *args)
+    return [
         subprocess.Popen(
-            train_command(tmp_path, "--strategy", "multi_worker"),
+            command,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
             cwd=PROJECT_ROOT,
-            env=environment(
-                TF_CONFIG=json.dumps(
-                    {"cluster": cluster, "task": {"type": "worker", "index": index}}
-                )
-            ),
-        )  # fmt: skip
+            env=environment(TF_CONFIG=tf_config(index)),
+        )
         for index in range(2)
     ]
+
+
+def wait_for(workers, statuses=(0, 0)):
     outputs = []
     for worker in workers:
         try:
             outputs.append(worker.communicate(timeout=300)[0])
         finally:
             worker.kill()
-    for worker, output in zip(workers, outputs):
-        assert worker.returncode == 0, output[-3000:]
+    for worker, output, status in zip(workers, outputs, statuses):
+        assert worker.returncode == status, output[-3000:]
+    return outputs
+
+
+def two_workers():
+    return {"worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
+
+
+def test_two_workers_finish_with_identical_weights(tmp_path):
+    outputs = wait_for(start_workers(tmp_path, two_workers()))
     assert "worker-0 (chief)" in outputs[0] and "this process worker-1;" in outputs[1]
     assert fingerprint(outputs[0]) == fingerprint(outputs[1])
     # Only the chief wrote to the work directory; the other worker's scratch is gone.
     assert (tmp_path / "model.keras").is_file() and (tmp_path / "checkpoints").is_dir()
     assert not (tmp_path / SCRATCH_DIR).exists()
+
+
+@pytest.mark.slow
+def test_a_killed_worker_and_its_restart_resume_from_the_last_checkpoints(tmp_path):
+    cluster = two_workers()
+    longer = ["--set", "train.steps_per_epoch=200", "--set", "train.checkpoint_every_steps=20"]
+    workers = start_workers(tmp_path, cluster, *longer)
+    deadline = time.monotonic() + 240
+    while not (tmp_path / "checkpoints" / "ckpt-40.index").exists():
+        assert all(w.poll() is None for w in workers) and time.monotonic() < deadline
+        time.sleep(0.05)
+    workers[1].kill()
+    chief_output = workers[0].communicate(timeout=120)[0]
+    workers[1].communicate()
+    assert workers[0].returncode == EXIT_RESTART, chief_output[-3000:]
+    assert "another worker stopped" in chief_output
+    outputs = wait_for(start_workers(tmp_path, cluster, *longer))
+    resumed = [re.search(r"Resuming from \S+ckpt-(\d+)", output).group(1) for output in outputs]
+    assert resumed[0] == resumed[1] and int(resumed[0]) >= 40
+    assert fingerprint(outputs[0]) == fingerprint(outputs[1])
 
 
 def test_the_chief_and_the_scratch_folders(monkeypatch, tmp_path):
