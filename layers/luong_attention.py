@@ -54,16 +54,19 @@ class LuongAttention(SourceAttention):
             self.gain = self.add_weight(name="gain", shape=(), initializer="ones")
 
     def precompute(self, memory):
-        if self.score_name == "dot":
-            return (memory, memory)
-        return (self.key_projection(memory), memory)
+        if self.score_name == "concat":
+            return (self.key_projection(memory), memory)
+        keys = memory if self.score_name == "dot" else self.key_projection(memory)
+        # Stored as [batch, dim, src_len]: each decoding step's scores are then one plain
+        # batched matmul, with no transpose of the keys per step (a per-step copy in ONNX).
+        return (ops.transpose(keys, (0, 2, 1)), memory)
 
     def score(self, query, memory_cache):
         keys = memory_cache[0]
         if self.score_name == "concat":
             scores = additive_score(self.query_projection(query), keys, self.v)
         else:
-            scores = ops.einsum("btd,bsd->bts", query, ops.cast(keys, query.dtype))
+            scores = ops.matmul(query, ops.cast(keys, query.dtype))
         if self.scale:
             scores = scores * ops.cast(self.gain, scores.dtype)
         return scores

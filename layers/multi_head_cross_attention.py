@@ -60,10 +60,11 @@ class MultiHeadCrossAttention(SourceAttention):
         return ops.reshape(x, (batch, time, self.num_heads, depth))
 
     def precompute(self, memory):
-        return (
-            self._split_heads(self.key_projection(memory), self.key_dim),
-            self._split_heads(self.value_projection(memory), self.value_dim_per_head),
-        )
+        # Keys as [batch, heads, depth, src_len] and values as [batch, heads, src_len, depth]:
+        # each decoding step then needs plain batched matmuls, with no transpose of the cache.
+        keys = self._split_heads(self.key_projection(memory), self.key_dim)
+        values = self._split_heads(self.value_projection(memory), self.value_dim_per_head)
+        return (ops.transpose(keys, (0, 2, 3, 1)), ops.transpose(values, (0, 2, 1, 3)))
 
     def attend(self, query, memory_cache, memory_mask=None):
         single_step = len(query.shape) == 2
@@ -71,11 +72,12 @@ class MultiHeadCrossAttention(SourceAttention):
             query = ops.expand_dims(query, 1)
         batch, tgt_len = ops.shape(query)[0], ops.shape(query)[1]
         q = self._split_heads(self.query_projection(query), self.key_dim)
+        q = ops.transpose(q, (0, 2, 1, 3))  # [batch, heads, tgt_len, depth]
         keys, values = memory_cache
-        scores = ops.einsum("bthd,bshd->bhts", q, ops.cast(keys, q.dtype))
-        scores = scores / math.sqrt(self.key_dim)
+        scores = ops.matmul(q, ops.cast(keys, q.dtype)) / math.sqrt(self.key_dim)
         head_weights = masked_softmax(scores, memory_mask)
-        heads = ops.einsum("bhts,bshd->bthd", head_weights, ops.cast(values, q.dtype))
+        heads = ops.matmul(head_weights, ops.cast(values, q.dtype))
+        heads = ops.transpose(heads, (0, 2, 1, 3))  # [batch, tgt_len, heads, depth]
         heads = ops.reshape(heads, (batch, tgt_len, self.num_heads * self.value_dim_per_head))
         context = self.output_projection(heads)
         weights = ops.mean(head_weights, axis=1)

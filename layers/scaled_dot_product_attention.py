@@ -49,13 +49,14 @@ class ScaledDotProductAttention(SourceAttention):
     def precompute(self, memory):
         keys = memory if self.projection_dim is None else self.key_projection(memory)
         values = self.value_projection(memory) if self.project_values else memory
-        return (keys, values)
+        # Keys as [batch, depth, src_len]: no transpose at each decoding step.
+        return (ops.transpose(keys, (0, 2, 1)), values)
 
     def score(self, query, memory_cache):
         if self.projection_dim is not None:
             query = self.query_projection(query)
         keys = ops.cast(memory_cache[0], query.dtype)
-        return ops.einsum("btd,bsd->bts", query, keys) / math.sqrt(self.depth)
+        return ops.matmul(query, keys) / math.sqrt(self.depth)
 
     def get_config(self):
         config = super().get_config()

@@ -50,7 +50,7 @@ class SourceAttention(keras.layers.Layer):
         scores = self.score(query, memory_cache)
         weights = masked_softmax(scores, memory_mask)
         values = memory_cache[-1]
-        context = ops.einsum("bts,bsd->btd", weights, ops.cast(values, weights.dtype))
+        context = ops.matmul(weights, ops.cast(values, weights.dtype))
         if single_step:
             return ops.squeeze(context, 1), ops.squeeze(weights, 1)
         return context, weights
