@@ -13,7 +13,6 @@ FLOPs = 64 FLOP/cycle, ~224 GFLOP/s at 3.5 GHz.
 """
 
 import argparse
-import gzip
 import os
 import re
 import subprocess
@@ -91,25 +90,24 @@ def training_flops_per_target_token(config, source_per_target, mean_source_len):
 
 
 def corpus_lengths(config):
-    """Mean source and target lengths in SentencePiece pieces, from a trained vocabulary."""
+    """Training pairs, and mean source and target lengths in SentencePiece pieces (from
+    vocabularies trained on the first 5,000 pairs)."""
     import sentencepiece
 
+    from pipeline.corpus import read_split
     from pipeline.tokenizer import train_sentencepiece
 
-    def lines(path):
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            return [line.strip() for line in f][:5000]
-
     data = config["data"]
+    corpus = read_split(data, "train")
     lengths = []
     with tempfile.TemporaryDirectory() as tmp:
-        for side in ("source", "target"):
-            sentences = lines(data[f"train_{side}"])
+        for side, lines in (("source", corpus.sources), ("target", corpus.targets)):
+            sample = lines[:5000]
             path = Path(tmp) / f"{side}.model"
-            train_sentencepiece(sentences, data[f"{side}_vocab_size"], data["subword_model"], path)
+            train_sentencepiece(sample, data[f"{side}_vocab_size"], data["subword_model"], path)
             processor = sentencepiece.SentencePieceProcessor(model_file=str(path))
-            lengths.append(sum(len(ids) for ids in processor.encode(sentences)) / len(sentences))
-    return lengths[0], lengths[1] + 1  # targets end with </s>
+            lengths.append(sum(len(ids) for ids in processor.encode(sample)) / len(sample))
+    return len(corpus), lengths[0], lengths[1] + 1  # targets end with </s>
 
 
 def matmul_peak():
@@ -142,9 +140,7 @@ def train_rate(config_path, steps, overrides):
         output = subprocess.run(
             command, capture_output=True, text=True, cwd=PROJECT_ROOT, check=True
         ).stdout
-    rates = re.findall(r"tgt_tok/s: ([\d.]+)", output)
-    seconds = re.findall(rf"{steps}/{steps}\S*\s+\S*\s*(\d+)s", output)
-    return float(rates[-1]), (float(seconds[-1]) if seconds else None)
+    return float(re.findall(r"tgt_tok/s: ([\d.]+)", output)[-1])
 
 
 def main():
@@ -157,7 +153,7 @@ def main():
     steps = 40 if args.quick else args.steps
 
     base = load_config(args.config)
-    source_len, target_len = corpus_lengths(base)
+    pairs, source_len, target_len = corpus_lengths(base)
     peak = matmul_peak()
     print(f"# {args.config.name}, {steps} steps a variant; mean lengths: source {source_len:.1f}, "
           f"target {target_len:.1f} pieces; matmul peak {peak / 1e9:.0f} GFLOP/s")  # fmt: skip
@@ -171,8 +167,8 @@ def main():
             overrides.append(f"model.decoder_units={2 * base['model']['encoder_units']}")
         config = load_config(args.config, overrides)
         flops = training_flops_per_target_token(config, source_len / target_len, source_len)
-        rate, _ = train_rate(args.config, steps, overrides)
-        epoch_tokens = 29000 * target_len  # Multi30k train: 29,000 pairs
+        rate = train_rate(args.config, steps, overrides)
+        epoch_tokens = pairs * target_len
         achieved = rate * flops
         print(
             f"| {attention} | {'yes' if feeding else 'no'} | {'yes' if xla else 'no'} | "

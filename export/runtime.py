@@ -90,8 +90,8 @@ class Translator:
                 batch[row, : len(source_ids[index])] = source_ids[index]
             output = self.search(batch, **options)
             for row, index in enumerate(indices):
-                results[index] = [
-                    (self._strip(ids), float(score)) if source_ids[index] else ([], 0.0)
+                results[index] = [  # an empty source comes back as ids all pad, score 0
+                    (self._strip(ids), float(score))
                     for ids, score in zip(output["ids"][row], output["scores"][row])
                 ]
         return results

@@ -111,9 +111,13 @@ def make_dataset(
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 
+def count_batches(dataset):
+    """Batches in one pass over a finite dataset. Shuffling does not change the count: each
+    pair's length bucket is fixed."""
+    return int(dataset.reduce(0, lambda count, _: count + 1))
+
+
 def with_known_length(dataset):
     """The same finite dataset with its number of batches declared, so that Keras shows
-    progress against it and ends each pass cleanly instead of warning that data ran out.
-    Shuffling does not change the count: each pair's length bucket is fixed."""
-    batches = int(dataset.reduce(0, lambda count, _: count + 1))
-    return dataset.apply(tf.data.experimental.assert_cardinality(batches))
+    progress against it and ends each pass cleanly instead of warning that data ran out."""
+    return dataset.apply(tf.data.experimental.assert_cardinality(count_batches(dataset)))

@@ -15,7 +15,7 @@ import tensorflow as tf
 from pipeline import callbacks as training_callbacks
 from pipeline.config import save_config
 from pipeline.corpus import read_split
-from pipeline.dataset import encode_corpus, make_dataset, with_known_length
+from pipeline.dataset import count_batches, encode_corpus, make_dataset, with_known_length
 from pipeline.distribution import WorkerLost, check_same_step, current_task, make_strategy
 from pipeline.errors import UserError, first_line
 from pipeline.evaluation import score_translations
@@ -73,7 +73,7 @@ def _datasets(config, corpora, source_tokenizer, target_tokenizer, strategy, log
         return TrainingData(lambda skip: whole.skip(skip), steps, repeats), valid_data
 
     # Each input pipeline (one a worker) reads its shard and feeds its replicas in turn.
-    batches = int(make_dataset(train_set, **batching).reduce(0, lambda n, _: n + 1))
+    batches = count_batches(make_dataset(train_set, **batching))
     steps = train["steps_per_epoch"] or max(1, batches // strategy.num_replicas_in_sync)
 
     def make(skip):
@@ -98,7 +98,7 @@ def _optimizer(train, learning_rate):
     return keras.optimizers.Adam(schedule, global_clipnorm=train["clip_norm"] or None)
 
 
-def _restore(checkpoint, manager, model):
+def _restore(checkpoint, manager):
     """Restores the latest checkpoint, if any; a damaged or foreign one is a `UserError`."""
     path = manager.latest_checkpoint
     if not path:
@@ -218,7 +218,7 @@ def run(config, workdir, log=print):
         manager = tf.train.CheckpointManager(
             checkpoint, str(output / CHECKPOINT_DIR), max_to_keep=train["keep_checkpoints"]
         )
-        restored = _restore(checkpoint, manager, model)
+        restored = _restore(checkpoint, manager)
     check_same_step(strategy, int(optimizer.iterations.numpy()))
     log(f"Model: {model.count_params():,} parameters")
     if restored:

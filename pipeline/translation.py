@@ -93,19 +93,20 @@ class Translator:
             lengths, o.max_length_ratio, o.max_length_offset, o.max_length_cap
         )
         if o.sampling_temperature is not None:
-            outputs = sampling_search(
+            single = sampling_search(
                 self.model, source_ids, max_length, o.sampling_temperature, o.sampling_topk,
                 o.sampling_topp, seed=(o.seed, 0), min_length=o.min_length,
             )  # fmt: skip
         elif o.beam_size == 1 and o.n_best == 1:
-            outputs = greedy_search(self.model, source_ids, max_length, o.min_length)
+            single = greedy_search(self.model, source_ids, max_length, o.min_length)
         else:
+            single = None
             outputs = beam_search(
                 self.model, source_ids, max_length, o.beam_size, o.n_best,
                 o.length_penalty, o.length_penalty_type, o.coverage_penalty, o.min_length,
             )  # fmt: skip
-        if o.sampling_temperature is not None or (o.beam_size == 1 and o.n_best == 1):
-            outputs = [x[:, None] for x in outputs]  # one hypothesis per sentence
+        if single is not None:
+            outputs = [x[:, None] for x in single]  # one hypothesis per sentence
         ids, _, scores, attention = blank_empty_sources(source_ids, PAD_ID, *outputs)
         return ids, scores, attention
 
