@@ -103,6 +103,16 @@ class OnnxRuntime:
         return out["ids"][:, 0], out["scores"][:, 0]
 
 
+def export_directory(config, workdir):
+    return Path(config["export"]["directory"] or Path(workdir) / "export")
+
+
+def latest_version(config, workdir):
+    """The newest SavedModel version directory of a work directory's export."""
+    versions = export_directory(config, workdir) / "saved_model" / config["export"]["model_name"]
+    return max((p for p in versions.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+
+
 def measure(runtime, source_ids, batch_size, beam_size, repeats):
     """The best of `repeats` timings (seconds for all sentences, after one warm-up batch), and
     each sentence's ids and score. The best is the figure least disturbed by other load."""
@@ -142,18 +152,13 @@ def main():
         args.sentences, args.batch1_sentences, args.repeats = 100, 20, 1
 
     config, model, source_tokenizer, _ = load_trained(args.workdir)
-    export_dir = Path(config["export"]["directory"] or args.workdir / "export")
-    versions = sorted(
-        (p for p in (export_dir / "saved_model" / config["export"]["model_name"]).iterdir()
-         if p.name.isdigit()),
-        key=lambda p: int(p.name),
-    )  # fmt: skip
+    export_dir = export_directory(config, args.workdir)
     sentences = read_split(config["data"], "test").sources[: args.sentences]
     limit = config["decode"]["max_source_length"]
     source_ids = [ids[:limit] for ids in source_tokenizer.processor.encode(sentences)]
 
     runtimes = [
-        SessionRuntime(versions[-1]),
+        SessionRuntime(latest_version(config, args.workdir)),
         KerasRuntime(model, config["decode"]),
         OnnxRuntime(export_dir),
     ]

@@ -153,14 +153,15 @@ class AttentionDecoder(keras.layers.Layer):
         """One decoding step.
 
         Args:
-            token_ids: int `[batch]`, the previous tokens.
-            state: the dict returned by `initial_state` or a previous `step`.
-            memory_cache: the tuple returned by `precompute`.
+            token_ids: int `[batch * k]`, the previous tokens of k hypotheses per source,
+                grouped by source (k = 1 outside beam search).
+            state: the dict returned by `initial_state` or a previous `step`, `[batch * k, ...]`.
+            memory_cache: the tuple returned by `precompute`, once per source (never tiled).
             memory_mask: boolean `[batch, src_len]`.
 
         Returns:
-            logits `[batch, vocab_size]`, the new state, and attention weights
-            `[batch, src_len]` (None without attention).
+            logits `[batch * k, vocab_size]`, the new state, and attention weights
+            `[batch * k, src_len]` (None without attention).
         """
         readout, state, weights = self._recurrent_step(
             self.embedding(token_ids), state, memory_cache, memory_mask, training

@@ -6,7 +6,11 @@ import keras
 from keras import ops
 
 from layers.masking import masked_softmax
-from layers.source_attention import SourceAttention
+from layers.source_attention import (
+    SourceAttention,
+    group_step_queries,
+    ungroup_step_outputs,
+)
 
 
 @keras.saving.register_keras_serializable(package="seq2seq")
@@ -69,7 +73,7 @@ class MultiHeadCrossAttention(SourceAttention):
     def attend(self, query, memory_cache, memory_mask=None):
         single_step = len(query.shape) == 2
         if single_step:
-            query = ops.expand_dims(query, 1)
+            query = group_step_queries(query, memory_cache)
         batch, tgt_len = ops.shape(query)[0], ops.shape(query)[1]
         q = self._split_heads(self.query_projection(query), self.key_dim)
         q = ops.transpose(q, (0, 2, 1, 3))  # [batch, heads, tgt_len, depth]
@@ -82,7 +86,7 @@ class MultiHeadCrossAttention(SourceAttention):
         context = self.output_projection(heads)
         weights = ops.mean(head_weights, axis=1)
         if single_step:
-            return ops.squeeze(context, 1), ops.squeeze(weights, 1)
+            return ungroup_step_outputs(context), ungroup_step_outputs(weights)
         return context, weights
 
     def get_config(self):

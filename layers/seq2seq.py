@@ -45,6 +45,10 @@ class Seq2Seq(keras.Model):
         encoded = model.encode(source_ids)                 # dict of batch-major tensors
         state = model.initial_decoder_state(encoded)       # nest of batch-major tensors
         logits, state, weights = model.decode_step(token_ids, state, encoded)
+    `encoded` holds one row per source. Search may keep k hypotheses per source: it repeats
+    each row of the state k times, and `decode_step` then takes `[batch * k]` tokens and
+    state rows, grouped by source (rows i*k ... i*k+k-1 belong to source i), with the
+    untiled `encoded`, and returns `[batch * k, ...]` outputs.
 
     Args:
         encoder: a `RecurrentEncoder` (or its serialised config).
@@ -112,7 +116,8 @@ class Seq2Seq(keras.Model):
         return self.decoder.initial_state(self.bridge(encoded["final_states"]))
 
     def decode_step(self, token_ids, state, encoded):
-        """logits `[batch, vocab]`, next state, attention weights `[batch, src_len]` or None."""
+        """logits `[batch * k, vocab]`, next state, attention weights `[batch * k, src_len]` or
+        None, for k hypotheses per source (see the decoding contract above)."""
         return self.decoder.step(
             token_ids, state, encoded["memory_cache"], encoded["memory_mask"], training=False
         )

@@ -6,6 +6,23 @@ from keras import ops
 from layers.masking import masked_softmax, resolve_memory_mask
 
 
+def group_step_queries(query, memory_cache):
+    """One step's queries `[batch * k, dim]` as `[batch, k, dim]`.
+
+    In beam search each source has k hypotheses, in consecutive rows (rows i*k ... i*k+k-1
+    belong to source i); grouped so, they attend over their source's memory as k query
+    positions, and the memory is never copied k times. Greedy search and sampling have k = 1.
+    """
+    batch = ops.shape(memory_cache[0])[0]
+    rows_per_source = ops.shape(query)[0] // ops.maximum(batch, 1)  # a batch of 0 has 0 rows
+    return ops.reshape(query, (batch, rows_per_source, query.shape[-1]))
+
+
+def ungroup_step_outputs(x):
+    """`[batch, k, ...]` back to the step's `[batch * k, ...]`."""
+    return ops.reshape(x, (-1, *(ops.shape(x)[2:])))
+
+
 class SourceAttention(keras.layers.Layer):
     """Base class: a decoder query attends over the encoder's memory.
 
@@ -19,7 +36,8 @@ class SourceAttention(keras.layers.Layer):
     Layers whose weights are not one softmax over scores (several heads) override `attend`.
 
     Args (of `call`):
-        query: `[batch, query_dim]` (one decoder step) or `[batch, tgt_len, query_dim]`.
+        query: `[batch, query_dim]` (one decoder step) or `[batch, tgt_len, query_dim]`. At a
+            step, the query may hold k rows per source (see `group_step_queries`).
         memory: `[batch, src_len, memory_dim]` encoder outputs.
         memory_mask: boolean `[batch, src_len]`, True at real source tokens. Defaults to the
             Keras mask carried by `memory`, if any.
@@ -46,13 +64,13 @@ class SourceAttention(keras.layers.Layer):
         """Attention from `query` (rank 2 or 3) using a cache returned by `precompute`."""
         single_step = len(query.shape) == 2
         if single_step:
-            query = ops.expand_dims(query, 1)
+            query = group_step_queries(query, memory_cache)
         scores = self.score(query, memory_cache)
         weights = masked_softmax(scores, memory_mask)
         values = memory_cache[-1]
         context = ops.matmul(weights, ops.cast(values, weights.dtype))
         if single_step:
-            return ops.squeeze(context, 1), ops.squeeze(weights, 1)
+            return ungroup_step_outputs(context), ungroup_step_outputs(weights)
         return context, weights
 
     def value_dim(self, memory_dim):

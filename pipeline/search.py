@@ -24,16 +24,22 @@ def max_decode_length(source_lengths, ratio, offset, cap):
 
 
 def _write_column(buffer, t, values, axis):
-    """`buffer` with index t of its (time) `axis` set to `values`, as a select."""
-    at_t = tf.equal(tf.range(tf.shape(buffer)[axis]), t)
-    at_t = tf.reshape(at_t, [1] * axis + [-1] + [1] * (len(buffer.shape) - axis - 1))
-    return tf.where(at_t, tf.expand_dims(values, axis), buffer)
+    """`buffer` with index t of its (time) `axis` set to `values` (whose shape is the buffer's
+    without that axis), as a scatter: it touches the column only, where a select would pass
+    over the whole buffer at every step."""
+    leading = tf.shape(values)[:axis]
+    rows = tf.meshgrid(*[tf.range(leading[i]) for i in range(axis)], indexing="ij")
+    indices = tf.stack([*rows, tf.fill(leading, t)], axis=-1)
+    return tf.tensor_scatter_nd_update(buffer, indices, values)
 
 
 def _suppress_eos(log_probs, eos_id, t, min_length):
     """Forbids </s> before `min_length` tokens."""
+    if isinstance(min_length, int) and min_length == 0:
+        return log_probs  # nothing to forbid: spare a pass over [batch, vocab] at each step
     is_eos = tf.equal(tf.range(tf.shape(log_probs)[-1]), eos_id)
-    return tf.where(tf.logical_and(is_eos, t < min_length), NEG_INF, log_probs)
+    # A [vocab] bias, broadcast in one addition (a select would be a pass over [batch, vocab]).
+    return log_probs + tf.where(tf.logical_and(is_eos, t < min_length), NEG_INF, 0.0)
 
 
 def _sequential_search(model, source_ids, max_length, choose, min_length=0):
@@ -206,8 +212,8 @@ def beam_search(
     vocab = model.target_vocab_size
 
     encoded = model.encode(source_ids)
+    # Hypotheses get their own copy of the state; the encoded source is shared by its beams.
     state = _tile_beams(model.initial_decoder_state(encoded), beam_size)
-    encoded = _tile_beams(encoded, beam_size)
     source_mask = tf.not_equal(source_ids, model.pad_id)[:, None, :]
     pad = tf.constant(model.pad_id, tf.int32)
 
@@ -231,23 +237,25 @@ def beam_search(
              saved_ids, saved_scores, saved_attention):  # fmt: skip
         logits, state, weights = model.decode_step(tokens, state, encoded)
         logits = _suppress_eos(tf.cast(logits, tf.float32), model.eos_id, t, min_length)
-        log_probs = tf.reshape(tf.nn.log_softmax(logits), [batch, beam_size, vocab])
-        candidates = tf.reshape(alive_scores[:, :, None] + log_probs, [batch, -1])
+        # A sentence's best 2k candidates are among each beam's 2k likeliest tokens: rank those
+        # alone, normalised as logit - logsumexp, rather than [batch, k * vocab] log-probs.
+        per_beam = tf.minimum(2 * beam_size, vocab)
+        beam_logits, beam_tokens = tf.math.top_k(logits, k=per_beam)
+        beam_log_probs = beam_logits - tf.reduce_logsumexp(logits, axis=-1, keepdims=True)
+        beam_log_probs = tf.reshape(beam_log_probs, [batch, beam_size, per_beam])
+        candidates = tf.reshape(alive_scores[:, :, None] + beam_log_probs, [batch, -1])
         top_scores, top_indices = tf.math.top_k(candidates, k=2 * beam_size)
-        origin = top_indices // vocab
-        top_tokens = top_indices % vocab
+        origin = top_indices // per_beam
+        top_tokens = tf.gather(tf.reshape(beam_tokens, [batch, -1]), top_indices, batch_dims=1)
 
         ids = _write_column(tf.gather(alive_ids, origin, batch_dims=1), t, top_tokens, axis=2)
-        attention = tf.gather(alive_attention, origin, batch_dims=1)
-        coverage = tf.gather(alive_coverage, origin, batch_dims=1)
         if weights is not None:
-            step_weights = tf.gather(
-                tf.reshape(tf.cast(weights, tf.float32), [batch, beam_size, -1]),
-                origin,
-                batch_dims=1,
-            )
-            attention = _write_column(attention, t, step_weights, axis=2)
-            coverage += step_weights
+            # A candidate's attention is its origin's: written to the k alive rows, and
+            # gathered only for the rows kept (never materialised for all 2k candidates).
+            beam_weights = tf.reshape(tf.cast(weights, tf.float32), [batch, beam_size, -1])
+            alive_attention = _write_column(alive_attention, t, beam_weights, axis=2)
+            alive_coverage += beam_weights
+        coverage = tf.gather(alive_coverage, origin, batch_dims=1)
 
         # Save the candidates among the top k that end the sentence.
         ends = tf.logical_and(tf.equal(top_tokens, model.eos_id), top_scores > NEG_INF / 2)
@@ -258,14 +266,21 @@ def beam_search(
         pool_scores = tf.concat([saved_scores, new_saved], axis=1)
         saved_scores, best = tf.math.top_k(pool_scores, k=beam_size)
         saved_ids = tf.gather(tf.concat([saved_ids, ids], 1), best, batch_dims=1)
-        saved_attention = tf.gather(tf.concat([saved_attention, attention], 1), best, batch_dims=1)
+        # Pool index k + j (candidate j) takes its attention from alive row origin[j].
+        candidate = tf.maximum(best - beam_size, 0)
+        attention_rows = tf.where(
+            best < beam_size, best, beam_size + tf.gather(origin, candidate, batch_dims=1)
+        )
+        saved_attention = tf.gather(
+            tf.concat([saved_attention, alive_attention], 1), attention_rows, batch_dims=1
+        )
 
         # Keep the best k candidates that do not end.
         alive_scores, keep = tf.math.top_k(tf.where(ends, NEG_INF, top_scores), k=beam_size)
         alive_ids = tf.gather(ids, keep, batch_dims=1)
-        alive_attention = tf.gather(attention, keep, batch_dims=1)
-        alive_coverage = tf.gather(coverage, keep, batch_dims=1)
         parents = tf.gather(origin, keep, batch_dims=1)
+        alive_attention = tf.gather(alive_attention, parents, batch_dims=1)
+        alive_coverage = tf.gather(coverage, keep, batch_dims=1)
         flat_parents = tf.reshape(parents + tf.range(batch)[:, None] * beam_size, [-1])
         state = _reorder(state, flat_parents)
         tokens = tf.reshape(tf.gather(top_tokens, keep, batch_dims=1), [-1])

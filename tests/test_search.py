@@ -217,6 +217,29 @@ def test_beam_attention_is_a_distribution_until_the_end(trained_model):
             assert np.all(rows[:n, (source[i] == PAD)] == 0)
 
 
+def test_each_hypothesis_scores_and_attends_as_a_forced_pass_over_its_ids(trained_model):
+    """Beams reorder at every step: each returned hypothesis must still carry its own
+    log-probability and attention, as the model gives them when forced along its ids."""
+    model, source = trained_model
+    ids, lengths, scores, attention = beam_search(model, source, 10, beam_size=4, n_best=4)
+    ids, lengths, scores, attention = (x.numpy() for x in (ids, lengths, scores, attention))
+    for rank in range(4):
+        target_input = np.concatenate(
+            [np.full((len(source), 1), model.bos_id), ids[:, rank, :-1]], axis=1
+        )
+        logits, forced_attention = model.forward(
+            {"source_ids": source, "target_input_ids": target_input}
+        )
+        log_probs = tf.nn.log_softmax(logits).numpy()
+        for i in range(len(source)):
+            n = lengths[i, rank]
+            chosen = log_probs[i, np.arange(n), ids[i, rank, :n]]
+            assert scores[i, rank] == pytest.approx(chosen.sum(), abs=1e-3)
+            np.testing.assert_allclose(
+                attention[i, rank, :n], forced_attention.numpy()[i, :n], atol=1e-5
+            )
+
+
 def test_sampling_is_seeded_and_its_filters_work(trained_model):
     model, source = trained_model
     first = sampling_search(model, source, 10, temperature=1.5, seed=(4, 2))[0].numpy()
