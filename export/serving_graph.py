@@ -57,7 +57,7 @@ class TranslationGraph(tf.Module):
         ratio, offset = decode["max_length_ratio"], decode["max_length_offset"]
         self.max_length_cap = cap
 
-        source_vocab_size = model.encoder.vocab_size
+        source_vocab_size = model.source_vocab_size
 
         def search(source_ids, beam_size, n_best, length_penalty, max_length):
             # Requests are untrusted: ids outside the vocabulary read as <unk>, long sources

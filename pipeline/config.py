@@ -70,6 +70,8 @@ SCHEMA = {
         "max_target_length": _positive_int(100),
     },
     "model": {
+        "type": Field(str, "rnn", choices=("rnn", "transformer")),
+        # Recurrent models (type: rnn).
         "cell_type": Field(str, "lstm", choices=("lstm", "gru", "simple_rnn")),
         "embedding_dim": _positive_int(256),
         "encoder_units": _positive_int(256),
@@ -88,6 +90,14 @@ SCHEMA = {
         "input_feeding": Field(bool, False),
         "attention_vector_size": _positive_int(None, nullable=True),
         "bridge": Field(str, "dense", choices=("dense", "copy", "zero")),
+        # Transformers (type: transformer); encoder_layers, decoder_layers and dropout are shared.
+        "model_dim": _positive_int(512),
+        "num_heads": _positive_int(8),
+        "ffn_dim": _positive_int(2048),
+        "positions": Field(str, "sinusoidal", choices=("sinusoidal", "learned")),
+        "max_positions": _positive_int(512),  # learned positions only
+        "tie_embeddings": Field(bool, True),  # output projection = target embedding^T
+        "normalize_first": Field(bool, True),  # pre-norm layers
         "dropout": _rate(0.2),
     },
     "train": {
@@ -238,9 +248,15 @@ def _check_consistency(config, where):
             raise UserError(f"{where}: {missing} is missing")
     if not (data["train_tsv"] or data["train_source"]):
         raise UserError(f"{where}: no training data: set data.train_source and data.train_target")
-    if model["input_feeding"] and model["attention"] == "none":
+    if model["type"] == "transformer":
+        _check_transformer(config, where)
+    elif model["input_feeding"] and model["attention"] == "none":
         raise UserError(f"{where}: model.input_feeding needs model.attention other than none")
-    if model["attention"] == "luong_dot" and model["decoder_units"] != _memory_dim(model):
+    if (
+        model["type"] == "rnn"
+        and model["attention"] == "luong_dot"
+        and model["decoder_units"] != _memory_dim(model)
+    ):
         raise UserError(
             f"{where}: model.attention luong_dot needs model.decoder_units "
             f"({model['decoder_units']}) equal to the encoder output size ({_memory_dim(model)})"
@@ -248,6 +264,31 @@ def _check_consistency(config, where):
     parse_export_formats(config["export"]["formats"], f"{where}: export.formats")
     if train["bleu_every_epochs"] and not (data["valid_tsv"] or data["valid_source"]):
         raise UserError(f"{where}: train.bleu_every_epochs needs validation data")
+
+
+def _check_transformer(config, where):
+    model = config["model"]
+    if model["model_dim"] % model["num_heads"]:
+        raise UserError(
+            f"{where}: model.model_dim ({model['model_dim']}) must be divisible by "
+            f"model.num_heads ({model['num_heads']})"
+        )
+    if config["train"]["sampling_schedule"] != "none":
+        raise UserError(
+            f"{where}: train.sampling_schedule needs a recurrent model (model.type: rnn)"
+        )
+    if model["positions"] == "learned":
+        longest = max(
+            config["data"]["max_source_length"],
+            config["data"]["max_target_length"] + 1,
+            config["decode"]["max_source_length"],
+            config["decode"]["max_length_cap"],
+        )
+        if model["max_positions"] < longest:
+            raise UserError(
+                f"{where}: model.max_positions ({model['max_positions']}) must cover the "
+                f"longest sequence the model sees ({longest}: the data and decode length limits)"
+            )
 
 
 def parse_export_formats(text, where):

@@ -31,6 +31,39 @@ def sampling_schedule(train_config):
 
 
 def build_model(config, source_vocab_size, target_vocab_size):
+    """The model of `config["model"]["type"]`, built (its weights created)."""
+    if config["model"]["type"] == "transformer":
+        model = build_transformer(config, source_vocab_size, target_vocab_size)
+    else:
+        model = build_recurrent(config, source_vocab_size, target_vocab_size)
+    model.build({"source_ids": (None, None), "target_input_ids": (None, None)})
+    return model
+
+
+def build_transformer(config, source_vocab_size, target_vocab_size):
+    model_config = config["model"]
+    return layers.Transformer(
+        source_vocab_size,
+        target_vocab_size,
+        model_dim=model_config["model_dim"],
+        num_heads=model_config["num_heads"],
+        intermediate_dim=model_config["ffn_dim"],
+        encoder_layers=model_config["encoder_layers"],
+        decoder_layers=model_config["decoder_layers"],
+        dropout=model_config["dropout"],
+        positions=model_config["positions"],
+        max_positions=model_config["max_positions"],
+        tie_embeddings=model_config["tie_embeddings"],
+        normalize_first=model_config["normalize_first"],
+        label_smoothing=config["train"]["label_smoothing"],
+        pad_id=PAD_ID,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
+        name="transformer",
+    )
+
+
+def build_recurrent(config, source_vocab_size, target_vocab_size):
     model_config = config["model"]
     encoder = layers.RecurrentEncoder(
         source_vocab_size,
@@ -59,7 +92,7 @@ def build_model(config, source_vocab_size, target_vocab_size):
         residual=model_config["residual"],
         name="decoder",
     )
-    model = layers.Seq2Seq(
+    return layers.Seq2Seq(
         encoder,
         decoder,
         bridge=model_config["bridge"],
@@ -70,5 +103,3 @@ def build_model(config, source_vocab_size, target_vocab_size):
         eos_id=EOS_ID,
         name="seq2seq",
     )
-    model.build({"source_ids": (None, None), "target_input_ids": (None, None)})
-    return model

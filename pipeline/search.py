@@ -1,14 +1,17 @@
 """Decoding search over the model's step function, as graph-friendly TensorFlow loops.
 
-Search depends only on the `Seq2Seq` decoding contract (`encode`, `initial_decoder_state`,
-`decode_step`, and the `pad_id`/`bos_id`/`eos_id`/`target_vocab_size` attributes), never on a
-model's internals. Loops run over fixed-shape buffers (`[batch, beam, max_length]`), reorder
-beams with `tf.gather(..., batch_dims=1)`, stop early once every hypothesis has finished, and
-avoid TensorArrays and integer one-hot ops, so that the same code converts to ONNX. Beam size,
-number of hypotheses, penalties and lengths may be tensors: changing them needs no retracing.
+Search depends only on the `EncoderDecoderModel` decoding contract (`encode`,
+`initial_decoder_state`, `decode_step`, and the `pad_id`/`bos_id`/`eos_id`/`target_vocab_size`
+attributes), never on a model's internals. Loops run over fixed-shape buffers (`[batch, beam,
+max_length]`), reorder beams with `tf.gather(..., batch_dims=1)`, stop early once every
+hypothesis has finished, and avoid TensorArrays and integer one-hot ops, so that the same code
+converts to ONNX. Beam size, number of hypotheses, penalties and lengths may be tensors:
+changing them needs no retracing.
 """
 
 import tensorflow as tf
+
+from layers.step_buffers import write_column
 
 NEG_INF = -1e9  # a finite "impossible" score: -inf would turn into NaN in sums and products
 
@@ -21,16 +24,6 @@ def max_decode_length(source_lengths, ratio, offset, cap):
     longest = tf.reduce_max(tf.concat([tf.reshape(source_lengths, [-1]), [0]], axis=0))
     limit = tf.cast(tf.math.ceil(ratio * tf.cast(longest, tf.float32)), tf.int32) + offset
     return tf.clip_by_value(limit, 1, cap)
-
-
-def _write_column(buffer, t, values, axis):
-    """`buffer` with index t of its (time) `axis` set to `values` (whose shape is the buffer's
-    without that axis), as a scatter: it touches the column only, where a select would pass
-    over the whole buffer at every step."""
-    leading = tf.shape(values)[:axis]
-    rows = tf.meshgrid(*[tf.range(leading[i]) for i in range(axis)], indexing="ij")
-    indices = tf.stack([*rows, tf.fill(leading, t)], axis=-1)
-    return tf.tensor_scatter_nd_update(buffer, indices, values)
 
 
 def _suppress_eos(log_probs, eos_id, t, min_length):
@@ -46,7 +39,7 @@ def _sequential_search(model, source_ids, max_length, choose, min_length=0):
     """Picks one token per step with `choose(log_probs, logits, t)` until </s> or max_length."""
     batch = tf.shape(source_ids)[0]
     encoded = model.encode(source_ids)
-    state = model.initial_decoder_state(encoded)
+    state = model.initial_decoder_state(encoded, max_length)
     ids = tf.fill([batch, max_length], tf.constant(model.pad_id, tf.int32))
     attention = tf.zeros([batch, max_length, tf.shape(source_ids)[1]], tf.float32)
     finished = tf.zeros([batch], tf.bool)
@@ -57,17 +50,17 @@ def _sequential_search(model, source_ids, max_length, choose, min_length=0):
         return tf.logical_and(t < max_length, tf.logical_not(tf.reduce_all(finished)))
 
     def step(t, tokens, state, ids, attention, finished, scores):
-        logits, state, weights = model.decode_step(tokens, state, encoded)
+        logits, state, weights = model.decode_step(tokens, state, encoded, t)
         logits = _suppress_eos(tf.cast(logits, tf.float32), model.eos_id, t, min_length)
         log_probs = tf.nn.log_softmax(logits)
         chosen = choose(log_probs, logits, t)
         tokens = tf.where(finished, model.pad_id, chosen)
         chosen_log_prob = tf.gather(log_probs, chosen, batch_dims=1)
         scores += tf.where(finished, 0.0, chosen_log_prob)
-        ids = _write_column(ids, t, tokens, axis=1)
+        ids = write_column(ids, t, tokens, axis=1)
         if weights is not None:
             weights = tf.where(finished[:, None], 0.0, tf.cast(weights, tf.float32))
-            attention = _write_column(attention, t, weights, axis=1)
+            attention = write_column(attention, t, weights, axis=1)
         finished = tf.logical_or(finished, tf.equal(tokens, model.eos_id))
         return t + 1, tokens, state, ids, attention, finished, scores
 
@@ -82,7 +75,7 @@ def greedy_search(model, source_ids, max_length, min_length=0):
     """The most probable token at each step, until </s> or `max_length` tokens.
 
     Args:
-        model: a model honouring the decoding contract (see `layers.Seq2Seq`).
+        model: a model honouring the decoding contract (see `layers.EncoderDecoderModel`).
         source_ids: int32 `[batch, src_len]`, right-padded.
         max_length: scalar int, the most tokens to produce (</s> included).
         min_length: </s> is forbidden before this many tokens.
@@ -190,7 +183,7 @@ def beam_search(
     log P(Y|X) / length_penalty(|Y|) + coverage_penalty, and the best `n_best` returned.
 
     Args:
-        model: a model honouring the decoding contract (see `layers.Seq2Seq`).
+        model: a model honouring the decoding contract (see `layers.EncoderDecoderModel`).
         source_ids: int32 `[batch, src_len]`, right-padded.
         max_length: most tokens per hypothesis (</s> included).
         beam_size: k, hypotheses kept alive per sentence. 1 gives the greedy output.
@@ -213,7 +206,7 @@ def beam_search(
 
     encoded = model.encode(source_ids)
     # Hypotheses get their own copy of the state; the encoded source is shared by its beams.
-    state = _tile_beams(model.initial_decoder_state(encoded), beam_size)
+    state = _tile_beams(model.initial_decoder_state(encoded, max_length), beam_size)
     source_mask = tf.not_equal(source_ids, model.pad_id)[:, None, :]
     pad = tf.constant(model.pad_id, tf.int32)
 
@@ -235,7 +228,7 @@ def beam_search(
 
     def step(t, tokens, state, alive_ids, alive_scores, alive_attention, alive_coverage,
              saved_ids, saved_scores, saved_attention):  # fmt: skip
-        logits, state, weights = model.decode_step(tokens, state, encoded)
+        logits, state, weights = model.decode_step(tokens, state, encoded, t)
         logits = _suppress_eos(tf.cast(logits, tf.float32), model.eos_id, t, min_length)
         # A sentence's best 2k candidates are among each beam's 2k likeliest tokens: rank those
         # alone, normalised as logit - logsumexp, rather than [batch, k * vocab] log-probs.
@@ -248,12 +241,12 @@ def beam_search(
         origin = top_indices // per_beam
         top_tokens = tf.gather(tf.reshape(beam_tokens, [batch, -1]), top_indices, batch_dims=1)
 
-        ids = _write_column(tf.gather(alive_ids, origin, batch_dims=1), t, top_tokens, axis=2)
+        ids = write_column(tf.gather(alive_ids, origin, batch_dims=1), t, top_tokens, axis=2)
         if weights is not None:
             # A candidate's attention is its origin's: written to the k alive rows, and
             # gathered only for the rows kept (never materialised for all 2k candidates).
             beam_weights = tf.reshape(tf.cast(weights, tf.float32), [batch, beam_size, -1])
-            alive_attention = _write_column(alive_attention, t, beam_weights, axis=2)
+            alive_attention = write_column(alive_attention, t, beam_weights, axis=2)
             alive_coverage += beam_weights
         coverage = tf.gather(alive_coverage, origin, batch_dims=1)
 

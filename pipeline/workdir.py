@@ -83,7 +83,7 @@ def load_trained(workdir):
     except Exception as error:  # Keras raises many types for a damaged file
         raise UserError(f"{model_path}: cannot load the model ({first_line(error)})") from None
     for tokenizer, size in (
-        (source_tokenizer, model.encoder.vocab_size),
+        (source_tokenizer, model.source_vocab_size),
         (target_tokenizer, model.target_vocab_size),
     ):
         if tokenizer.vocab_size != size:

@@ -18,18 +18,30 @@ def rng():
     return np.random.default_rng(0)
 
 
-@pytest.fixture(scope="session")
-def exported_workdir(tmp_path_factory):
+def train_and_export_smoke(workdir, config_name):
     """A smoke model trained long enough to write multi-token outputs, exported by training
-    (WORKDIR/export). Shared: tests must not change it."""
+    (WORKDIR/export)."""
     from pipeline import train
     from pipeline.config import PROJECT_ROOT
 
-    workdir = tmp_path_factory.mktemp("exported")
     train.main(
-        ["--config", str(PROJECT_ROOT / "configs" / "smoke.yaml"), "--workdir", str(workdir),
+        ["--config", str(PROJECT_ROOT / "configs" / config_name), "--workdir", str(workdir),
          "--set", "train.steps_per_epoch=40", "--set", "train.bleu_every_epochs=0",
          "--set", "data.test_source=null", "--set", "data.test_target=null",
          "--set", "export.after_training=true"]
     )  # fmt: skip
     return workdir
+
+
+@pytest.fixture(scope="session")
+def exported_workdir(tmp_path_factory):
+    """The recurrent smoke model, exported. Shared: tests must not change it."""
+    return train_and_export_smoke(tmp_path_factory.mktemp("exported"), "smoke.yaml")
+
+
+@pytest.fixture(scope="session")
+def exported_transformer_workdir(tmp_path_factory):
+    """The Transformer smoke model, exported. Shared: tests must not change it."""
+    return train_and_export_smoke(
+        tmp_path_factory.mktemp("exported_transformer"), "smoke_transformer.yaml"
+    )

@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from pipeline.config import PROJECT_ROOT
+from pipeline.workdir import load_trained
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
@@ -71,3 +72,23 @@ def run_python(code, *args, expect_status=0):
     )
     assert result.returncode == expect_status, result.stderr[-3000:]
     return result.stdout
+
+
+def search_saved_model(loaded, source_ids, **options):
+    """The `beam_search` function; in Python, unlike TF Serving, only the restored function
+    (not `signatures["beam_search"]`) fills in omitted inputs from their defaults."""
+    inputs = {k: tf.constant(v) for k, v in options.items()}
+    outputs = loaded.beam_search(tf.constant(source_ids), **inputs)
+    return {name: value.numpy() for name, value in outputs.items()}
+
+
+def search_onnx(session, source_ids, **options):
+    feeds = {"source_ids": np.asarray(source_ids, np.int32)}
+    feeds.update({k: np.asarray(v) for k, v in options.items()})
+    names = [output.name for output in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds)))
+
+
+def padded_ids(workdir, sentences):
+    _, _, source_tokenizer, _ = load_trained(workdir)
+    return source_tokenizer.tokenize(tf.constant(sentences)).to_tensor(0).numpy()

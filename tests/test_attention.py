@@ -97,6 +97,22 @@ def test_one_step_equals_the_batched_call(attention, inputs):
         np.testing.assert_allclose(weights, batched_weights[:, t], atol=1e-6)
 
 
+def test_a_step_with_k_queries_per_source_equals_repeating_the_memory(attention, inputs):
+    """Beam search passes k hypotheses per source, grouped by source, with the untiled cache."""
+    memory, _, all_queries = inputs
+    attention(all_queries, memory, memory_mask=MASK)  # builds the layer
+    k = all_queries.shape[1]
+    grouped = all_queries.reshape(3 * k, DIM)  # rows i*k ... i*k+k-1 belong to source i
+    context, weights = attention.attend(grouped, attention.precompute(memory), MASK)
+    repeated = np.repeat(memory, k, axis=0)
+    tiled_context, tiled_weights = attention.attend(
+        grouped, attention.precompute(repeated), np.repeat(MASK, k, axis=0)
+    )
+    assert context.shape == (3 * k, DIM) and weights.shape == (3 * k, 5)
+    np.testing.assert_allclose(context, tiled_context, atol=1e-5)
+    np.testing.assert_allclose(weights, tiled_weights, atol=1e-6)
+
+
 def test_config_round_trip(attention, inputs):
     memory, step_query, _ = inputs
     context, _ = attention(step_query, memory, memory_mask=MASK)

@@ -14,7 +14,7 @@ import tensorflow as tf
 import export.__main__ as export_cli
 from export import client
 from export.serving_check import read_meta_graph, unsupported_ops, write_signature_only
-from helpers import real_sentences, run_python
+from helpers import padded_ids, real_sentences, run_python, search_onnx, search_saved_model
 from pipeline.config import PROJECT_ROOT
 from pipeline.search import greedy_search
 from pipeline.translation import SearchOptions, Translator
@@ -53,26 +53,6 @@ def onnx_session(out):
 def serve(loaded, sentences):
     outputs = loaded.signatures["serving_default"](sentences=tf.constant(sentences, tf.string))
     return [t.decode() for t in outputs["translations"].numpy()], outputs["scores"].numpy()
-
-
-def search_saved_model(loaded, source_ids, **options):
-    """The `beam_search` function; in Python, unlike TF Serving, only the restored function
-    (not `signatures["beam_search"]`) fills in omitted inputs from their defaults."""
-    inputs = {k: tf.constant(v) for k, v in options.items()}
-    outputs = loaded.beam_search(tf.constant(source_ids), **inputs)
-    return {name: value.numpy() for name, value in outputs.items()}
-
-
-def search_onnx(session, source_ids, **options):
-    feeds = {"source_ids": np.asarray(source_ids, np.int32)}
-    feeds.update({k: np.asarray(v) for k, v in options.items()})
-    names = [output.name for output in session.get_outputs()]
-    return dict(zip(names, session.run(names, feeds)))
-
-
-def padded_ids(workdir, sentences):
-    _, _, source_tokenizer, _ = load_trained(workdir)
-    return source_tokenizer.tokenize(tf.constant(sentences)).to_tensor(0).numpy()
 
 
 def test_training_exports_both_formats_in_place(out, saved_model_dir):

@@ -30,16 +30,15 @@ class TableModel:
     def encode(self, source_ids):
         return {"source_length": tf.shape(source_ids)[1] + tf.zeros_like(source_ids[:, 0])}
 
-    def initial_decoder_state(self, encoded):
-        return {"t": tf.zeros_like(encoded["source_length"])}
+    def initial_decoder_state(self, encoded, max_length):
+        return {"unused": tf.zeros_like(encoded["source_length"])}
 
-    def decode_step(self, tokens, state, encoded):
-        position = tf.minimum(state["t"], encoded["source_length"] - 1)
-        weights = tf.cast(
-            tf.equal(tf.range(tf.reduce_max(encoded["source_length"]))[None], position[:, None]),
-            tf.float32,
-        )
-        return tf.gather(self.log_table, tokens), {"t": state["t"] + 1}, weights
+    def decode_step(self, tokens, state, encoded, step):
+        source_length = tf.reduce_max(encoded["source_length"])
+        position = tf.minimum(step, source_length - 1)
+        weights = tf.cast(tf.equal(tf.range(source_length), position), tf.float32)
+        weights = tf.tile(weights[None], [tf.shape(tokens)[0], 1])
+        return tf.gather(self.log_table, tokens), state, weights
 
 
 def table(rows, vocab=6):

@@ -1,0 +1,104 @@
+"""What every encoder-decoder model shares: the training objective and the decoding contract."""
+
+import keras
+import tensorflow as tf
+from keras import ops
+
+from layers.token_losses import (
+    Perplexity,
+    TokenAccuracy,
+    replicas_in_sync,
+    sum_over_replicas,
+    token_cross_entropy,
+)
+
+
+def _logs_for_multi_worker(logs):
+    """Under MultiWorkerMirroredStrategy, Keras averages each replica's logs along axis 0,
+    which scalars lack: give them one (the values are equal, being synchronised metrics)."""
+    if not isinstance(tf.distribute.get_strategy(), tf.distribute.MultiWorkerMirroredStrategy):
+        return logs
+    return {name: ops.reshape(value, [1]) for name, value in logs.items()}
+
+
+class EncoderDecoderModel(keras.Model):
+    """Base class of the sequence-to-sequence models (recurrent and Transformer).
+
+    Inputs (a dict):
+        source_ids: int `[batch, src_len]`, right-padded with `pad_id`.
+        target_input_ids: int `[batch, tgt_len]`, `<s> y_1 ... y_n`, right-padded.
+    Labels: int `[batch, tgt_len]`, `y_1 ... y_n </s>`, right-padded.
+    Output: logits `[batch, tgt_len, target_vocab_size]`.
+
+    Training minimises the cross-entropy averaged over the non-padding target tokens (with
+    optional label smoothing) and reports `token_accuracy` and `perplexity`.
+
+    Decoding uses the step-function contract below, which search and export depend on (never
+    the reverse), so any model that honours it plugs into them:
+        encoded = model.encode(source_ids)                        # dict, one row per source
+        state = model.initial_decoder_state(encoded, max_length)  # nest, one row per source
+        logits, state, weights = model.decode_step(token_ids, state, encoded, step)
+    `max_length` is the most steps search will take (a model may size per-step caches by it);
+    `step` is the number of tokens decoded before `token_ids` (a scalar, the same for every
+    row). Search may keep k hypotheses per source: it repeats each row of the state k times,
+    and `decode_step` then takes `[batch * k]` tokens and state rows, grouped by source (rows
+    i*k ... i*k+k-1 belong to source i), with the untiled `encoded`, and returns logits
+    `[batch * k, vocab]`, the state, and attention weights over the source `[batch * k,
+    src_len]` (None for a model without attention). Search reorders every state tensor along
+    its first axis. Subclasses also give `source_vocab_size` and `target_vocab_size`.
+
+    Args:
+        label_smoothing: epsilon of label smoothing.
+        pad_id, bos_id, eos_id: ids of the special target tokens.
+    """
+
+    def __init__(self, label_smoothing=0.0, pad_id=0, bos_id=2, eos_id=3, **kwargs):
+        super().__init__(**kwargs)
+        if not 0.0 <= float(label_smoothing) < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+        self.label_smoothing = float(label_smoothing)
+        self.pad_id, self.bos_id, self.eos_id = int(pad_id), int(bos_id), int(eos_id)
+        self.token_accuracy = TokenAccuracy()
+        self.perplexity = Perplexity()
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        mask = ops.not_equal(y, self.pad_id)
+        losses, nll = token_cross_entropy(y, y_pred, mask, self.label_smoothing)
+        # This replica's share of the mean over every replica's target tokens (see
+        # `sum_over_replicas`); with one replica, the plain mean.
+        tokens = sum_over_replicas(ops.sum(ops.cast(mask, "float32")))
+        loss = ops.divide_no_nan(ops.sum(losses), tokens)
+        self.token_accuracy.update_state(y, y_pred, mask)
+        self.perplexity.update_state(nll, mask)
+        if self.losses:
+            loss = loss + ops.sum(self.losses) / replicas_in_sync()  # each replica: its share
+        return loss
+
+    def train_step(self, data):
+        return _logs_for_multi_worker(super().train_step(data))
+
+    def test_step(self, data):
+        return _logs_for_multi_worker(super().test_step(data))
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        # Under tf.distribute, Keras averages a first batch over the replicas to build from;
+        # that fails when replicas hold batches of different lengths (length bucketing) and
+        # would skip that batch. Built layers and a built optimizer need no sample batch.
+        layers_built = all(layer.built for layer in self._flatten_layers())
+        if layers_built and self.optimizer is not None and self.optimizer.built:
+            return
+        super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            label_smoothing=self.label_smoothing,
+            pad_id=self.pad_id,
+            bos_id=self.bos_id,
+            eos_id=self.eos_id,
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)

@@ -1,0 +1,228 @@
+"""The Transformer encoder-decoder (Vaswani et al., 2017) on the shared decoding contract."""
+
+import math
+
+import keras
+import keras_hub
+from keras import ops
+
+from layers.encoder_decoder_model import EncoderDecoderModel
+from layers.masking import sequence_mask
+from layers.transformer_decoder_layer import TransformerDecoderLayer
+
+POSITIONS = ("sinusoidal", "learned")
+
+
+@keras.saving.register_keras_serializable(package="seq2seq")
+class Transformer(EncoderDecoderModel):
+    """Self-attention encoder and decoder with positional encodings, residual connections,
+    layer normalisation and position-wise feed-forward layers.
+
+    The encoder is a stack of keras-hub `TransformerEncoder` layers; the decoder a stack of
+    `TransformerDecoderLayer`s, which decode incrementally with fixed-shape self-attention
+    caches. Token embeddings are scaled by sqrt(model_dim) and summed with the positions
+    (keras-hub's `SinePositionEncoding` or a learned `PositionEmbedding`). Inputs, outputs and
+    the decoding contract: see `EncoderDecoderModel`; the attention weights it returns are the
+    last decoder layer's cross-attention, averaged over heads.
+
+    Args:
+        source_vocab_size, target_vocab_size: vocabulary sizes.
+        model_dim: size of the embeddings and of every layer's output.
+        num_heads: attention heads (model_dim must be divisible by it).
+        intermediate_dim: hidden size of the feed-forward networks.
+        encoder_layers, decoder_layers: stack depths.
+        dropout: dropout rate (embeddings, sublayers, attention weights, FFN).
+        positions: "sinusoidal" or "learned".
+        max_positions: the longest sequence learned positions cover.
+        tie_embeddings: the output projection is the transposed target embedding
+            (keras-hub's `ReversibleEmbedding`).
+        normalize_first: pre-norm layers (with a final normalisation of each stack).
+        label_smoothing, pad_id, bos_id, eos_id: see `EncoderDecoderModel`.
+    """
+
+    def __init__(
+        self,
+        source_vocab_size,
+        target_vocab_size,
+        model_dim=512,
+        num_heads=8,
+        intermediate_dim=2048,
+        encoder_layers=6,
+        decoder_layers=6,
+        dropout=0.1,
+        positions="sinusoidal",
+        max_positions=512,
+        tie_embeddings=True,
+        normalize_first=True,
+        label_smoothing=0.0,
+        pad_id=0,
+        bos_id=2,
+        eos_id=3,
+        **kwargs,
+    ):
+        super().__init__(label_smoothing, pad_id, bos_id, eos_id, **kwargs)
+        if positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
+        self._source_vocab_size = int(source_vocab_size)
+        self._target_vocab_size = int(target_vocab_size)
+        self.model_dim = int(model_dim)
+        self.num_heads = int(num_heads)
+        self.intermediate_dim = int(intermediate_dim)
+        self.num_encoder_layers = int(encoder_layers)
+        self.num_decoder_layers = int(decoder_layers)
+        self.dropout_rate = float(dropout)
+        self.positions = positions
+        self.max_positions = int(max_positions)
+        self.tie_embeddings = bool(tie_embeddings)
+        self.normalize_first = bool(normalize_first)
+
+        # N(0, 1/d) embeddings, scaled by sqrt(d): inputs of unit variance, and a tied output
+        # projection of the usual scale.
+        initializer = keras.initializers.RandomNormal(stddev=self.model_dim**-0.5)
+        self.source_embedding = keras.layers.Embedding(
+            self._source_vocab_size, self.model_dim, embeddings_initializer=initializer,
+            name="source_embedding",
+        )  # fmt: skip
+        self.target_embedding = keras_hub.layers.ReversibleEmbedding(
+            self._target_vocab_size, self.model_dim, tie_weights=self.tie_embeddings,
+            embeddings_initializer=initializer, name="target_embedding",
+        )  # fmt: skip
+        self.source_positions = self._position_layer("source_positions")
+        self.target_positions = self._position_layer("target_positions")
+        self.dropout = keras.layers.Dropout(self.dropout_rate)
+        self.encoder_layers = [
+            keras_hub.layers.TransformerEncoder(
+                self.intermediate_dim,
+                self.num_heads,
+                dropout=self.dropout_rate,
+                normalize_first=self.normalize_first,
+                name=f"encoder_layer_{i}",
+            )  # fmt: skip
+            for i in range(self.num_encoder_layers)
+        ]
+        self.decoder_layers = [
+            TransformerDecoderLayer(
+                self.num_heads,
+                self.intermediate_dim,
+                dropout=self.dropout_rate,
+                normalize_first=self.normalize_first,
+                name=f"decoder_layer_{i}",
+            )  # fmt: skip
+            for i in range(self.num_decoder_layers)
+        ]
+        # Pre-norm stacks end unnormalised: normalise their outputs once.
+        self.encoder_norm = self.decoder_norm = None
+        if self.normalize_first:
+            self.encoder_norm = keras.layers.LayerNormalization(epsilon=1e-5, name="encoder_norm")
+            self.decoder_norm = keras.layers.LayerNormalization(epsilon=1e-5, name="decoder_norm")
+
+    def _position_layer(self, name):
+        if self.positions == "sinusoidal":
+            return keras_hub.layers.SinePositionEncoding(name=name)
+        return keras_hub.layers.PositionEmbedding(self.max_positions, name=name)
+
+    def build(self, input_shape):
+        sequence = (None, None, self.model_dim)
+        self.source_embedding.build((None, None))
+        self.target_embedding.build((None, None))
+        for layer in (self.source_positions, self.target_positions):
+            layer.build(sequence)
+        for layer in self.encoder_layers:
+            layer.build(sequence)
+        for layer in self.decoder_layers:
+            layer.build(sequence, sequence)
+        if self.normalize_first:
+            self.encoder_norm.build(sequence)
+            self.decoder_norm.build(sequence)
+
+    @property
+    def source_vocab_size(self):
+        return self._source_vocab_size
+
+    @property
+    def target_vocab_size(self):
+        return self._target_vocab_size
+
+    def _embed(self, embedding, positions, token_ids, start_index=0, training=False):
+        x = embedding(token_ids) * ops.cast(math.sqrt(self.model_dim), self.compute_dtype)
+        x = x + ops.cast(positions(x, start_index=start_index), x.dtype)
+        return self.dropout(x, training=training)
+
+    def _final_norm(self, norm, x):
+        return x if norm is None else norm(x)
+
+    # Decoding contract.
+
+    def encode(self, source_ids, training=False):
+        """The encoder's memory, each decoder layer's cross-attention keys and values, and
+        the source mask: computed once per source."""
+        memory_mask = sequence_mask(source_ids, self.pad_id)
+        x = self._embed(self.source_embedding, self.source_positions, source_ids, 0, training)
+        for layer in self.encoder_layers:
+            x = layer(x, padding_mask=memory_mask, training=training)
+        memory = self._final_norm(self.encoder_norm, x)
+        return {
+            "memory": memory,
+            "memory_cache": tuple(layer.precompute(memory) for layer in self.decoder_layers),
+            "memory_mask": memory_mask,
+        }
+
+    def initial_decoder_state(self, encoded, max_length):
+        """Empty self-attention caches of `max_length` positions for every decoder layer."""
+        batch = ops.shape(encoded["memory"])[0]
+        return {
+            "self_attention": tuple(
+                layer.initial_cache(batch, max_length, encoded["memory"].dtype)
+                for layer in self.decoder_layers
+            )
+        }
+
+    def decode_step(self, token_ids, state, encoded, step):
+        """logits `[batch * k, vocab]`, the state with this position's keys and values cached,
+        and the last layer's cross-attention weights `[batch * k, src_len]`."""
+        x = self._embed(
+            self.target_embedding, self.target_positions, token_ids[:, None], start_index=step
+        )[:, 0]
+        caches = []
+        for layer, cache, memory_cache in zip(
+            self.decoder_layers, state["self_attention"], encoded["memory_cache"]
+        ):
+            x, cache, weights = layer.step(x, cache, memory_cache, encoded["memory_mask"], step)
+            caches.append(cache)
+        logits = self.target_embedding(self._final_norm(self.decoder_norm, x), reverse=True)
+        return logits, {"self_attention": tuple(caches)}, weights
+
+    # Teacher-forced pass.
+
+    def forward(self, inputs, training=None):
+        """Logits `[batch, tgt_len, vocab]` and the last layer's cross-attention weights
+        `[batch, tgt_len, src_len]`."""
+        encoded = self.encode(inputs["source_ids"], training=training)
+        x = self._embed(
+            self.target_embedding, self.target_positions, inputs["target_input_ids"], 0, training
+        )
+        for layer, memory_cache in zip(self.decoder_layers, encoded["memory_cache"]):
+            x, weights = layer(x, memory_cache, encoded["memory_mask"], training=training)
+        logits = self.target_embedding(self._final_norm(self.decoder_norm, x), reverse=True)
+        return logits, weights
+
+    def call(self, inputs, training=None):
+        return self.forward(inputs, training=training)[0]
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            source_vocab_size=self._source_vocab_size,
+            target_vocab_size=self._target_vocab_size,
+            model_dim=self.model_dim,
+            num_heads=self.num_heads,
+            intermediate_dim=self.intermediate_dim,
+            encoder_layers=self.num_encoder_layers,
+            decoder_layers=self.num_decoder_layers,
+            dropout=self.dropout_rate,
+            positions=self.positions,
+            max_positions=self.max_positions,
+            tie_embeddings=self.tie_embeddings,
+            normalize_first=self.normalize_first,
+        )
+        return config

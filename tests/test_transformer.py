@@ -1,0 +1,206 @@
+"""The Transformer: its layers, incremental decoding with the cache, learning, the pipeline's
+commands and export parity, on the same contract as the recurrent models."""
+
+import json
+
+import keras
+import numpy as np
+import onnxruntime
+import pytest
+import tensorflow as tf
+
+import layers
+from helpers import (
+    padded_ids,
+    real_sentences,
+    reversal_data,
+    search_onnx,
+    search_saved_model,
+)
+from pipeline.config import PROJECT_ROOT, load_config
+from pipeline.errors import UserError
+from pipeline.search import beam_search, greedy_search
+from pipeline.translation import SearchOptions, Translator
+from pipeline.workdir import load_trained
+
+VOCAB = 20
+DIM = 16
+
+
+def make_transformer(**overrides):
+    options = dict(model_dim=DIM, num_heads=2, intermediate_dim=32, encoder_layers=2,
+                   decoder_layers=2, dropout=0.0)  # fmt: skip
+    options.update(overrides)
+    model = layers.Transformer(VOCAB, VOCAB, **options)
+    model.build({"source_ids": (None, None), "target_input_ids": (None, None)})
+    return model
+
+
+def test_causal_self_attention_sees_only_the_past(rng):
+    attention = layers.CausalSelfAttention(num_heads=2, key_dim=4)
+    x = rng.normal(size=(2, 6, 8)).astype("float32")
+    full = np.asarray(attention(x))
+    assert full.shape == (2, 6, 8)
+    changed_future = x.copy()
+    changed_future[:, 3:] = rng.normal(size=(2, 3, 8))
+    np.testing.assert_allclose(np.asarray(attention(changed_future))[:, :3], full[:, :3], atol=1e-6)
+    assert not np.allclose(np.asarray(attention(changed_future))[:, 3:], full[:, 3:])
+
+    cache = attention.initial_cache(2, 9)
+    for t in range(6):  # one position at a time, with a buffer longer than the sequence
+        step_output, cache = attention.step(x[:, t], cache, t)
+        np.testing.assert_allclose(step_output, full[:, t], atol=1e-5)
+    assert cache[0].shape == (2, 2, 4, 9) and cache[1].shape == (2, 2, 9, 4)
+    assert np.all(np.asarray(cache[1])[:, :, 6:] == 0)  # positions not reached stay empty
+
+    restored = layers.CausalSelfAttention.from_config(attention.get_config())
+    assert restored.get_config() == attention.get_config()
+
+
+@pytest.mark.parametrize("normalize_first", [True, False])
+def test_decoder_layer_steps_equal_the_full_pass_and_weights_are_distributions(
+    rng, normalize_first
+):
+    layer = layers.TransformerDecoderLayer(2, 32, dropout=0.0, normalize_first=normalize_first)
+    x = rng.normal(size=(3, 5, DIM)).astype("float32")
+    memory = rng.normal(size=(3, 4, DIM)).astype("float32")
+    mask = np.array([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]], bool)
+    layer.build(x.shape, memory.shape)
+    memory_cache = layer.precompute(memory)
+    output, weights = layer(x, memory_cache, mask)
+    assert output.shape == (3, 5, DIM) and weights.shape == (3, 5, 4)
+    weights = np.asarray(weights)
+    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
+    assert np.all(weights[~np.broadcast_to(mask[:, None], weights.shape)] == 0.0)
+
+    cache = layer.initial_cache(3, 5)
+    for t in range(5):
+        step_output, cache, step_weights = layer.step(x[:, t], cache, memory_cache, mask, t)
+        np.testing.assert_allclose(step_output, output[:, t], atol=1e-5)
+        np.testing.assert_allclose(step_weights, weights[:, t], atol=1e-6)
+    restored = layers.TransformerDecoderLayer.from_config(layer.get_config())
+    assert restored.get_config() == layer.get_config()
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"positions": "learned", "max_positions": 16, "tie_embeddings": False},
+        {"normalize_first": False},
+    ],
+)
+def test_incremental_decoding_gives_the_full_pass_logits(rng, overrides):
+    """The cache holds every earlier position's keys and values: decoding one token at a
+    time gives the logits and cross-attention of a full forward pass over the prefix."""
+    model = make_transformer(**overrides)
+    x, _ = reversal_data(rng, 6, VOCAB)
+    logits, weights = model.forward(x)
+    encoded = model.encode(x["source_ids"])
+    targets = x["target_input_ids"]
+    state = model.initial_decoder_state(encoded, targets.shape[1] + 3)
+    for t in range(targets.shape[1]):
+        step_logits, state, step_weights = model.decode_step(targets[:, t], state, encoded, t)
+        np.testing.assert_allclose(step_logits, logits[:, t], atol=1e-4)
+        np.testing.assert_allclose(step_weights, weights[:, t], atol=1e-5)
+    padding = x["source_ids"] == 0
+    assert np.all(np.asarray(weights)[np.broadcast_to(padding[:, None], weights.shape)] == 0)
+
+
+def test_a_sentence_does_not_depend_on_its_batch(rng):
+    model = make_transformer()
+    x, _ = reversal_data(rng, 16, VOCAB)
+    batched = np.asarray(model(x))
+    for i in range(4):
+        source, target = x["source_ids"][i : i + 1], x["target_input_ids"][i : i + 1]
+        src_len, tgt_len = (source != 0).sum(), (target != 0).sum()
+        alone = model({"source_ids": source[:, :src_len], "target_input_ids": target[:, :tgt_len]})
+        np.testing.assert_allclose(alone[0], batched[i, :tgt_len], atol=1e-5)
+
+
+def test_learns_to_reverse_sequences_and_searches_find_it(rng):
+    x, y = reversal_data(rng, 3000, VOCAB)
+    x_test, y_test = reversal_data(rng, 200, VOCAB)
+    model = make_transformer(model_dim=32, num_heads=4, intermediate_dim=64)
+    model.compile(optimizer=keras.optimizers.Adam(3e-3))
+    model.fit(x, y, batch_size=64, epochs=8, verbose=0)
+    results = model.evaluate(x_test, y_test, verbose=0, return_dict=True)
+    assert results["token_accuracy"] >= 0.95, results
+
+    source = x_test["source_ids"][:50]
+    expected = y_test[:50]
+    greedy_ids = greedy_search(model, source, expected.shape[1])[0].numpy()
+    beam_ids = beam_search(model, source, expected.shape[1], beam_size=4)[0].numpy()[:, 0]
+    for ids in (greedy_ids, beam_ids):
+        exact = [np.array_equal(i[: (e != 0).sum()], e[e != 0]) for i, e in zip(ids, expected)]
+        assert np.mean(exact) >= 0.8, np.mean(exact)
+
+
+def test_save_and_load(tmp_path, rng):
+    x, y = reversal_data(rng, 64, VOCAB)
+    model = make_transformer(label_smoothing=0.1, dropout=0.1)
+    model.compile(optimizer="adam")
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    model.save(tmp_path / "model.keras")
+    loaded = keras.saving.load_model(tmp_path / "model.keras")
+    assert type(loaded) is layers.Transformer
+    assert json.dumps(loaded.get_config(), sort_keys=True) == json.dumps(
+        model.get_config(), sort_keys=True
+    )
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-6)
+
+
+def test_bad_arguments_and_configs_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="positions"):
+        make_transformer(positions="rotary")
+    with pytest.raises(ValueError, match="divisible"):
+        make_transformer(model_dim=18, num_heads=4)
+    smoke = PROJECT_ROOT / "configs" / "smoke_transformer.yaml"
+    with pytest.raises(UserError, match="model.model_dim .* model.num_heads"):
+        load_config(smoke, ["model.num_heads=3"])
+    with pytest.raises(UserError, match="train.sampling_schedule"):
+        load_config(smoke, ["train.sampling_schedule=linear"])
+    with pytest.raises(UserError, match="model.max_positions"):
+        load_config(smoke, ["model.positions=learned", "model.max_positions=30"])
+
+
+@pytest.fixture(scope="module")
+def workdir(exported_transformer_workdir):
+    return exported_transformer_workdir
+
+
+@pytest.fixture(scope="module")
+def loaded(workdir):
+    return tf.saved_model.load(str(workdir / "export" / "saved_model" / "translator" / "1"))
+
+
+def test_trained_transformer_translates_like_its_saved_model(workdir, loaded):
+    config, model, source_tokenizer, target_tokenizer = load_trained(workdir)
+    assert type(model) is layers.Transformer
+    translator = Translator(
+        model, source_tokenizer, target_tokenizer, SearchOptions.from_config(config["decode"])
+    )
+    sentences = real_sentences(12)
+    in_process = [h[0].text for h in translator.translate(sentences)]
+    served = loaded.signatures["serving_default"](sentences=tf.constant(sentences))
+    assert [t.decode() for t in served["translations"].numpy()] == in_process
+    assert any(len(text.split()) > 1 for text in in_process)  # a real, multi-token output
+
+
+def test_onnx_gives_the_saved_models_ids(workdir, loaded):
+    session = onnxruntime.InferenceSession(
+        str(workdir / "export" / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+    rng = np.random.default_rng(5)
+    batches = [rng.integers(4, 300, size=(3, 7)).astype(np.int32)]
+    batches[0][1, 4:] = 0
+    sentences = real_sentences(40)
+    batches += [padded_ids(workdir, sentences[i : i + 10]) for i in range(0, 40, 10)]
+    settings = [{}, {"beam_size": np.int32(3), "n_best": np.int32(2)}, {"beam_size": np.int32(1)}]
+    for i, source_ids in enumerate(batches):
+        options = settings[i % len(settings)]
+        expected = search_saved_model(loaded, source_ids, **options)
+        actual = search_onnx(session, source_ids, **options)
+        np.testing.assert_array_equal(actual["ids"], expected["ids"])
+        np.testing.assert_allclose(actual["scores"], expected["scores"], atol=1e-4)
+        np.testing.assert_allclose(actual["attention"], expected["attention"], atol=1e-4)
