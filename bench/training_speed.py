@@ -1,7 +1,8 @@
 """Training speed: target tokens per second, seconds per epoch, FLOPs per target token and the
 share of the CPU's peak that training reaches.
 
-    python bench/training_speed.py [--config configs/default.yaml] [--steps 150] [--quick]
+    python bench/training_speed.py [--config configs/default.yaml] [--steps 150] [--variants N]
+                                   [--quick]
 
 Each variant (attention type x input feeding, and XLA) trains `--steps` steps of a fresh
 model in a subprocess (`python -m pipeline.train`); the figure is the progress bar's final
@@ -148,8 +149,11 @@ def main():
     parser.add_argument("--config", type=Path, default=PROJECT_ROOT / "configs" / "default.yaml")
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--quick", action="store_true", help="40 steps, two variants")
+    parser.add_argument(
+        "--variants", type=int, default=len(VARIANTS), help="run the first N variants only"
+    )
     args = parser.parse_args()
-    variants = VARIANTS[:2] if args.quick else VARIANTS
+    variants = VARIANTS[: 2 if args.quick else args.variants]
     steps = 40 if args.quick else args.steps
 
     base = load_config(args.config)
