@@ -83,17 +83,20 @@ class CausalSelfAttention(keras.layers.Layer):
 
     def step(self, x, cache, step):
         """Position `step`: `x` `[batch, dim]` -> output `[batch, dim]` and the updated cache."""
-        x = ops.expand_dims(x, 1)
-        queries = self._heads(self.query_projection(x))  # [batch, heads, 1, key_dim]
-        new_key = self._heads(self.key_projection(x))[:, :, 0]  # [batch, heads, key_dim]
-        new_value = self._heads(self.value_projection(x))[:, :, 0]
+        # Projections of the rank-2 step input: plain matmuls (a rank-3 Dense is a tensordot,
+        # a dozen shape ops at every step of the search loop).
+        split = (-1, self.num_heads, self.key_dim)
+        queries = ops.reshape(self.query_projection(x), split)[:, :, None]  # [b, heads, 1, d]
+        new_key = ops.reshape(self.key_projection(x), split)  # [batch, heads, key_dim]
+        new_value = ops.reshape(self.value_projection(x), split)
         keys = write_column(cache[0], step, ops.cast(new_key, cache[0].dtype), axis=3)
         values = write_column(cache[1], step, ops.cast(new_value, cache[1].dtype), axis=2)
         seen = (ops.arange(ops.shape(keys)[-1]) <= step)[None, None, None]  # [1, 1, 1, max_len]
         heads = self._attend(
             queries, ops.cast(keys, x.dtype), ops.cast(values, x.dtype), seen, training=False
         )
-        return self._merge(heads)[:, 0], (keys, values)
+        heads = ops.reshape(heads, (-1, self.num_heads * self.key_dim))
+        return self.output_projection(heads), (keys, values)
 
     def get_config(self):
         config = super().get_config()

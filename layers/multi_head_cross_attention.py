@@ -72,22 +72,27 @@ class MultiHeadCrossAttention(SourceAttention):
 
     def attend(self, query, memory_cache, memory_mask=None):
         single_step = len(query.shape) == 2
+        # Project the query as it comes (a step's rank-2 query is a plain matmul, where a
+        # rank-3 Dense is a tensordot of many shape ops), then split it into heads in one
+        # reshape: one that also groups a step's hypotheses by source.
+        projected = self.query_projection(query)
         if single_step:
-            query = group_step_queries(query, memory_cache)
-        batch, tgt_len = ops.shape(query)[0], ops.shape(query)[1]
-        q = self._split_heads(self.query_projection(query), self.key_dim)
+            q = group_step_queries(projected, memory_cache, (self.num_heads, self.key_dim))
+        else:
+            q = self._split_heads(projected, self.key_dim)
         q = ops.transpose(q, (0, 2, 1, 3))  # [batch, heads, tgt_len, depth]
         keys, values = memory_cache
         scores = ops.matmul(q, ops.cast(keys, q.dtype)) / math.sqrt(self.key_dim)
         head_weights = masked_softmax(scores, memory_mask)
         heads = ops.matmul(head_weights, ops.cast(values, q.dtype))
         heads = ops.transpose(heads, (0, 2, 1, 3))  # [batch, tgt_len, heads, depth]
-        heads = ops.reshape(heads, (batch, tgt_len, self.num_heads * self.value_dim_per_head))
-        context = self.output_projection(heads)
         weights = ops.mean(head_weights, axis=1)
+        width = self.num_heads * self.value_dim_per_head
         if single_step:
-            return ungroup_step_outputs(context), ungroup_step_outputs(weights)
-        return context, weights
+            heads, weights = ops.reshape(heads, (-1, width)), ungroup_step_outputs(weights)
+        else:
+            heads = ops.reshape(heads, (ops.shape(query)[0], ops.shape(query)[1], width))
+        return self.output_projection(heads), weights
 
     def get_config(self):
         config = super().get_config()

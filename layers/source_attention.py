@@ -6,8 +6,9 @@ from keras import ops
 from layers.masking import masked_softmax, resolve_memory_mask
 
 
-def group_step_queries(query, memory_cache):
-    """One step's queries `[batch * k, dim]` as `[batch, k, dim]`.
+def group_step_queries(query, memory_cache, feature_shape=None):
+    """One step's queries `[batch * k, dim]` as `[batch, k, dim]` (or `[batch, k,
+    *feature_shape]`, splitting `dim` in the same reshape).
 
     In beam search each source has k hypotheses, in consecutive rows (rows i*k ... i*k+k-1
     belong to source i); grouped so, they attend over their source's memory as k query
@@ -15,7 +16,8 @@ def group_step_queries(query, memory_cache):
     """
     batch = ops.shape(memory_cache[0])[0]
     rows_per_source = ops.shape(query)[0] // ops.maximum(batch, 1)  # a batch of 0 has 0 rows
-    return ops.reshape(query, (batch, rows_per_source, query.shape[-1]))
+    feature_shape = tuple(feature_shape or (query.shape[-1],))
+    return ops.reshape(query, (batch, rows_per_source, *feature_shape))
 
 
 def ungroup_step_outputs(x):
