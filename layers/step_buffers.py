@@ -10,14 +10,12 @@ from keras import ops
 def write_column(buffer, index, values, axis):
     """`buffer` with position `index` of its `axis` set to `values`.
 
-    Args:
+    Args (`axis` >= 1: the leading axes give each written slice its row):
         buffer: `[d_0, ..., d_axis, ..., d_n]`.
         index: scalar int, the position along `axis`.
         values: the buffer's shape without `axis`: `[d_0, ..., d_n]` minus `d_axis`.
     """
     index = ops.cast(index, "int32")
-    if axis == 0:
-        return ops.scatter_update(buffer, ops.reshape(index, (1, 1)), ops.expand_dims(values, 0))
     # One index tuple (row..., index) per leading position; each writes a trailing slice.
     leading = ops.shape(values)[:axis]
     rows = ops.meshgrid(*[ops.arange(size, dtype="int32") for size in leading], indexing="ij")
