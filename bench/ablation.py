@@ -1,0 +1,109 @@
+"""Translation quality per configuration: an ablation table of test BLEU.
+
+    python bench/ablation.py [--config configs/default.yaml] [--root runs/ablation]
+                             [--variants NAME ...] [--beam-sizes 1 5 10]
+                             [--length-penalties 0 0.6 1.0] [--quick]
+
+Each variant trains a model from the config with a few settings changed (`python -m
+pipeline.train`, its own work directory under `--root`, so an interrupted table resumes where it
+stopped), then the best variant's model is decoded with each beam size and length penalty
+(`python -m pipeline.evaluate`). The table prints test BLEU (cased and lowercased, sacreBLEU),
+chrF and training time (seconds of training on this machine, from the run's report).
+`--quick` trains 100 steps a variant: a check that the table runs, not a result.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+# name -> settings changed from the config (recurrent recipes: attention type, input feeding).
+VARIANTS = {
+    "luong_general": [],
+    "luong_general+input_feeding": ["model.input_feeding=true"],
+    "bahdanau": ["model.attention=bahdanau"],
+    "bahdanau+input_feeding": ["model.attention=bahdanau", "model.input_feeding=true"],
+    "luong_concat": ["model.attention=luong_concat"],
+    "luong_dot": ["model.attention=luong_dot", "model.decoder_units=512"],
+    "multi_head": ["model.attention=multi_head"],
+}
+DEFAULT_VARIANTS = ["luong_general", "luong_general+input_feeding", "bahdanau", "luong_concat"]
+
+
+def run(command):
+    print("$", " ".join(command), flush=True)
+    subprocess.run(command, cwd=PROJECT_ROOT, check=True)
+
+
+def train_variant(config, workdir, settings, quick):
+    report_file = workdir / "test_report.json"
+    if not report_file.exists():
+        extra = ["train.steps_per_epoch=100", "train.epochs=1"] if quick else []
+        command = [sys.executable, "-m", "pipeline.train", "--config", config]
+        command += ["--workdir", str(workdir)]
+        for setting in settings + extra:
+            command += ["--set", setting]
+        run(command)
+    return json.loads(report_file.read_text())
+
+
+def evaluate(workdir, beam_size, length_penalty):
+    command = [sys.executable, "-m", "pipeline.evaluate", "--workdir", str(workdir)]
+    command += ["--split", "test", "--beam-size", str(beam_size)]
+    command += ["--length-penalty", str(length_penalty)]
+    run(command)
+    return json.loads((workdir / "eval_test.json").read_text())
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/default.yaml")
+    parser.add_argument("--root", default="runs/ablation", help="one work directory a variant")
+    parser.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=VARIANTS)
+    parser.add_argument("--beam-sizes", nargs="+", type=int, default=[1, 5, 10])
+    parser.add_argument("--length-penalties", nargs="+", type=float, default=[0.0, 0.6, 1.0])
+    parser.add_argument("--quick", action="store_true", help="100 steps a variant")
+    args = parser.parse_args(argv)
+
+    root = Path(args.root)
+    rows = []
+    for name in args.variants:
+        workdir = root / name
+        started = time.perf_counter()
+        report = train_variant(args.config, workdir, VARIANTS[name], args.quick)
+        rows.append((name, workdir, report, time.perf_counter() - started))
+
+    print(f"\nconfig {args.config}; test BLEU with the config's decode settings")
+    print("| variant | test BLEU | lowercased | chrF | training s |")
+    print("|---|---:|---:|---:|---:|")
+    for name, _, report, _ in rows:
+        seconds = report.get("training_seconds")
+        seconds = f"{seconds:.0f}" if seconds is not None else ""
+        print(
+            f"| {name} | {report['bleu']:.2f} | {report['bleu_lowercase']:.2f} "
+            f"| {report['chrf']:.2f} | {seconds} |"
+        )
+
+    best_name, best_workdir, _, _ = max(rows, key=lambda row: row[2]["bleu"])
+    print(f"\nsearch settings on the best variant ({best_name})")
+    print("| beam size | length penalty | test BLEU | lowercased | chrF |")
+    print("|---:|---:|---:|---:|---:|")
+    for beam_size in args.beam_sizes:
+        penalties = args.length_penalties if beam_size > 1 else [0.0]
+        for length_penalty in penalties:
+            report = evaluate(best_workdir, beam_size, length_penalty)
+            print(
+                f"| {beam_size} | {length_penalty:g} | {report['bleu']:.2f} "
+                f"| {report['bleu_lowercase']:.2f} | {report['chrf']:.2f} |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
