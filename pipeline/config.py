@@ -122,6 +122,7 @@ SCHEMA = {
         "sampling_decay_steps": Field(float, 1000.0, minimum=1.0),
         "checkpoint_every_steps": _positive_int(500),
         "keep_checkpoints": _positive_int(3),
+        "average_checkpoints": Field(int, 0, minimum=0),  # the last N, averaged at the end
         "early_stopping_patience": _positive_int(None, nullable=True),
         "bleu_every_epochs": Field(int, 0, minimum=0),
         "bleu_subset": _positive_int(200),
@@ -262,6 +263,11 @@ def _check_consistency(config, where):
             f"({model['decoder_units']}) equal to the encoder output size ({_memory_dim(model)})"
         )
     parse_export_formats(config["export"]["formats"], f"{where}: export.formats")
+    if train["average_checkpoints"] > train["keep_checkpoints"]:
+        raise UserError(
+            f"{where}: train.average_checkpoints ({train['average_checkpoints']}) exceeds "
+            f"train.keep_checkpoints ({train['keep_checkpoints']}): only that many are kept"
+        )
     if train["bleu_every_epochs"] and not (data["valid_tsv"] or data["valid_source"]):
         raise UserError(f"{where}: train.bleu_every_epochs needs validation data")
 

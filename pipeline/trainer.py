@@ -4,6 +4,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -13,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from pipeline import callbacks as training_callbacks
+from pipeline.checkpoints import average_checkpoints, make_optimizer, training_checkpoint
 from pipeline.config import save_config
 from pipeline.corpus import read_split
 from pipeline.dataset import count_batches, encode_corpus, make_dataset, with_known_length
@@ -20,7 +22,6 @@ from pipeline.distribution import WorkerLost, check_same_step, current_task, mak
 from pipeline.errors import UserError, first_line
 from pipeline.evaluation import score_translations
 from pipeline.model_builder import build_model
-from pipeline.schedules import LearningRateSchedule
 from pipeline.tokenizer import prepare_tokenizers
 from pipeline.translation import SearchOptions, Translator
 from pipeline.workdir import (
@@ -85,17 +86,6 @@ def _datasets(config, corpora, source_tokenizer, target_tokenizer, strategy, log
         return strategy.distribute_datasets_from_function(per_pipeline)
 
     return TrainingData(make, steps, repeats=True), valid_data
-
-
-def _optimizer(train, learning_rate):
-    schedule = LearningRateSchedule(
-        train["lr_schedule"],
-        learning_rate,
-        train["warmup_steps"],
-        train["decay_steps"],
-        train["decay_rate"],
-    )
-    return keras.optimizers.Adam(schedule, global_clipnorm=train["clip_norm"] or None)
 
 
 def _restore(checkpoint, manager):
@@ -210,11 +200,11 @@ def run(config, workdir, log=print):
 
     with strategy.scope():
         model = build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
-        optimizer = _optimizer(train, learning_rate)
+        optimizer = make_optimizer(train, learning_rate)
         model.compile(optimizer=optimizer, jit_compile=train["jit_compile"])
         optimizer.build(model.trainable_variables)  # now, so that replicas need no sample batch
         completed_epochs = tf.Variable(0, dtype=tf.int64, trainable=False)
-        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epochs=completed_epochs)
+        checkpoint = training_checkpoint(model, optimizer, completed_epochs)
         manager = tf.train.CheckpointManager(
             checkpoint, str(output / CHECKPOINT_DIR), max_to_keep=train["keep_checkpoints"]
         )
@@ -276,6 +266,11 @@ def run(config, workdir, log=print):
         with contextlib.suppress(OSError):
             output.parent.rmdir()  # the scratch root, once no worker uses it
         return history
+    if history and train["average_checkpoints"] > 1:
+        paths = manager.checkpoints[-train["average_checkpoints"] :]
+        average_checkpoints(model, train, paths)
+        names = ", ".join(os.path.basename(path) for path in paths)
+        log(f"Weights: the mean of the last {len(paths)} checkpoints ({names})")
     # With nothing left to train, keep the saved model: it may hold early stopping's best weights.
     if history or not (workdir / MODEL_FILE).exists():
         save_model_atomically(model, workdir / MODEL_FILE)

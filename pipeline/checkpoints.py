@@ -1,0 +1,80 @@
+"""Training checkpoints: what they hold, and reading a model's weights back from them.
+
+A checkpoint holds the model, its Adam optimizer and the count of finished epochs. Keras 3
+does not track layers kept in Python lists (stacked recurrent layers, Transformer layers) for
+`tf.train.Checkpoint`; their weights reach the checkpoint through the optimizer's list of the
+model's trainable variables. So whatever reads a checkpoint builds the same optimizer as
+training, from the same configuration: `training_checkpoint` is the one place that says how.
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from pipeline.errors import UserError, first_line
+from pipeline.schedules import LearningRateSchedule
+
+
+def make_optimizer(train, learning_rate):
+    """Training's optimizer: Adam on the configured schedule, with global-norm clipping."""
+    schedule = LearningRateSchedule(
+        train["lr_schedule"],
+        learning_rate,
+        train["warmup_steps"],
+        train["decay_steps"],
+        train["decay_rate"],
+    )
+    return keras.optimizers.Adam(schedule, global_clipnorm=train["clip_norm"] or None)
+
+
+def training_checkpoint(model, optimizer, completed_epochs):
+    """The `tf.train.Checkpoint` that training saves and resumes from."""
+    return tf.train.Checkpoint(model=model, optimizer=optimizer, epochs=completed_epochs)
+
+
+def last_checkpoints(checkpoint_dir, count):
+    """The `count` most recent checkpoint prefixes in `checkpoint_dir`, oldest first."""
+    state = tf.train.get_checkpoint_state(str(checkpoint_dir))
+    paths = list(state.all_model_checkpoint_paths) if state else []
+    if not paths:
+        raise UserError(f"{checkpoint_dir}: no checkpoints here")
+    return paths[-count:]
+
+
+def average_checkpoints(model, train, paths):
+    """Sets `model`'s weights to the element-wise mean of its weights in each checkpoint.
+
+    `train` is the training configuration the checkpoints were written under (it fixes the
+    optimizer's layout); a compiled model reads them through its own optimizer, whose state
+    is then the last checkpoint's. A checkpoint that does not hold this model is a
+    `UserError`, and then the model is left unchanged.
+    """
+    if not paths:
+        raise UserError("no checkpoints to average")
+    original = model.get_weights()
+    # A compiled model tracks its optimizer: the checkpoint's optimizer must be that one.
+    optimizer = getattr(model, "optimizer", None) or make_optimizer(train, train["learning_rate"])
+    if not optimizer.built:
+        optimizer.build(model.trainable_variables)
+    reader = training_checkpoint(model, optimizer, tf.Variable(0, dtype=tf.int64))
+    total = [np.zeros(weight.shape, dtype=np.float64) for weight in original]
+    try:
+        for path in paths:
+            try:
+                reader.restore(path).assert_existing_objects_matched()
+            except Exception as error:  # the checkpoint reader raises many types
+                raise UserError(
+                    f"{path}: cannot read this model's weights from the checkpoint "
+                    f"({first_line(error)}); nothing was changed"
+                ) from None
+            for accumulated, weight in zip(total, model.get_weights(), strict=True):
+                accumulated += weight
+    except BaseException:
+        model.set_weights(original)
+        raise
+    model.set_weights(
+        [
+            (accumulated / len(paths)).astype(weight.dtype)
+            for accumulated, weight in zip(total, original, strict=True)
+        ]
+    )
