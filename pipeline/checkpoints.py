@@ -61,7 +61,7 @@ def average_checkpoints(model, train, paths):
     try:
         for path in paths:
             try:
-                reader.restore(path).assert_existing_objects_matched()
+                reader.restore(path).expect_partial().assert_existing_objects_matched()
             except Exception as error:  # the checkpoint reader raises many types
                 raise UserError(
                     f"{path}: cannot read this model's weights from the checkpoint "
