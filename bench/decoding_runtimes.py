@@ -6,8 +6,9 @@ For greedy (beam 1) and beam 5, at batch 1 and batch 64 (length-sorted), on the 
 the Keras model in process (`pipeline.search.beam_search` in a `tf.function`), the exported
 SavedModel through the session loader that TF Serving uses, and ONNX Runtime
 (`export.runtime`). Prints sentences per second, milliseconds per sentence, and how many
-sentences' token ids differ from the SavedModel's (with the largest score difference).
-Each figure is the best of `--repeats` timings. Expects `python -m export --workdir DIR` to
+sentences' token ids differ from the SavedModel's (with the largest score difference), and
+each runtime's speed as a multiple of the session path's. Each figure is the best of
+`--repeats` timings, the runtimes taking turns. Expects `python -m export --workdir DIR` to
 have run (DIR/export).
 """
 
@@ -113,21 +114,25 @@ def latest_version(config, workdir):
     return max((p for p in versions.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
 
 
-def measure(runtime, source_ids, batch_size, beam_size, repeats):
-    """The best of `repeats` timings (seconds for all sentences, after one warm-up batch), and
-    each sentence's ids and score. The best is the figure least disturbed by other load."""
+def measure(runtimes, source_ids, batch_size, beam_size, repeats):
+    """For each runtime, the best of `repeats` timings (seconds for all sentences, after one
+    warm-up batch) and each sentence's ids and score. Repeats take the runtimes in turn, so
+    that a passing load on this shared machine weighs on all of them alike; the best is the
+    figure least disturbed by it."""
     batches = list(batches_of(source_ids, batch_size))
-    runtime(batches[0][1], beam_size)  # tracing, graph optimisation, allocation
-    results = [None] * len(source_ids)
-    timings = []
+    for runtime in runtimes:
+        runtime(batches[0][1], beam_size)  # tracing, graph optimisation, allocation
+    results = [[None] * len(source_ids) for _ in runtimes]
+    best = [float("inf")] * len(runtimes)
     for _ in range(repeats):
-        start = time.perf_counter()
-        for indices, batch in batches:
-            ids, scores = runtime(batch, beam_size)
-            for row, index in enumerate(indices):
-                results[index] = (ids[row], float(scores[row]))
-        timings.append(time.perf_counter() - start)
-    return min(timings), results
+        for r, runtime in enumerate(runtimes):
+            start = time.perf_counter()
+            for indices, batch in batches:
+                ids, scores = runtime(batch, beam_size)
+                for row, index in enumerate(indices):
+                    results[r][index] = (ids[row], float(scores[row]))
+            best[r] = min(best[r], time.perf_counter() - start)
+    return best, results
 
 
 def compare(results, reference):
@@ -171,10 +176,9 @@ def main():
     for beam_size in (1, 5):
         for batch_size in (1, 64):
             subset = source_ids[: args.batch1_sentences] if batch_size == 1 else source_ids
-            reference = None
-            for runtime in runtimes:
-                seconds, results = measure(runtime, subset, batch_size, beam_size, args.repeats)
-                reference = reference or results
+            timings, outputs = measure(runtimes, subset, batch_size, beam_size, args.repeats)
+            reference = outputs[0]
+            for runtime, seconds, results in zip(runtimes, timings, outputs):
                 differing, score_diff = compare(results, reference)
                 row = {
                     "runtime": runtime.name,
@@ -188,12 +192,21 @@ def main():
                 }
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    print("\n| search | batch | runtime | sent/s | ms/sent | ids ≠ SavedModel | max score diff |")
-    print("|---|---:|---|---:|---:|---:|---:|")
+    print(
+        "\n| search | batch | runtime | sent/s | ms/sent | x session path | ids ≠ SavedModel "
+        "| max score diff |"
+    )
+    print("|---|---:|---|---:|---:|---:|---:|---:|")
     for r in rows:
+        session = next(
+            s for s in rows
+            if (s["search"], s["batch"], s["runtime"])
+            == (r["search"], r["batch"], SessionRuntime.name)
+        )  # fmt: skip
+        speedup = r["sentences_per_s"] / session["sentences_per_s"]
         print(
             f"| {r['search']} | {r['batch']} | {r['runtime']} | {r['sentences_per_s']} | "
-            f"{r['ms_per_sentence']} | {r['ids_differing']}/{r['sentences']} | "
+            f"{r['ms_per_sentence']} | {speedup:.2f} | {r['ids_differing']}/{r['sentences']} | "
             f"{r['max_score_diff']} |"
         )
 

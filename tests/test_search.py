@@ -162,6 +162,50 @@ def test_coverage_penalty_is_added_exactly():
     )
 
 
+class PerSourceTableModel(TableModel):
+    """A `TableModel` with one table per source, chosen by the source's first id (0, 1, ...),
+    so that the sources of a batch finish at different steps. Records the rows of each step."""
+
+    def __init__(self, tables):
+        super().__init__(tables[0])
+        with np.errstate(divide="ignore"):
+            self.log_tables = tf.constant(np.where(tables > 0, np.log(tables), -1e9), tf.float32)
+        self.rows_per_step = []
+
+    def encode(self, source_ids):
+        return {**super().encode(source_ids), "table": source_ids[:, 0]}
+
+    def decode_step(self, tokens, state, encoded, step):
+        self.rows_per_step.append(int(tf.shape(tokens)[0]))
+        _, _, weights = super().decode_step(tokens, state, encoded, step)
+        beams = tf.shape(tokens)[0] // tf.shape(encoded["table"])[0]
+        table = tf.repeat(encoded["table"], beams)
+        return tf.gather_nd(self.log_tables, tf.stack([table, tokens], 1)), state, weights
+
+
+def test_finished_sources_leave_the_batch_and_keep_their_results():
+    tables = np.stack(
+        [
+            table({BOS: {A: 0.6, EOS: 0.4}, A: {EOS: 1.0}}),  # done after 2 steps
+            table({BOS: {A: 0.6, B: 0.4}, A: {A: 0.5, EOS: 0.5}, B: {B: 0.9, EOS: 0.1}}),
+            table({BOS: {A: 1.0}, A: {A: 1.0}}),  # never ends: cut at max_length
+        ]
+    )
+    sources = np.array([[1, 8, 9], [0, 8, 9], [2, 8, 9]], np.int32)  # ids pick the tables
+    model = PerSourceTableModel(tables)
+    batch = beam_search(model, sources, max_length=6, beam_size=2, n_best=2, alpha=0.6)
+    # Two hypotheses a source: 6 rows until source 1 is done, 4 after, 2 once only one is left.
+    assert model.rows_per_step[:2] == [6, 6] and model.rows_per_step[-1] == 2
+    assert 4 in model.rows_per_step
+    for i in range(3):
+        alone = beam_search(
+            model, sources[i : i + 1], max_length=6, beam_size=2, n_best=2, alpha=0.6
+        )
+        for batch_values, alone_values in zip(batch, alone):
+            np.testing.assert_allclose(batch_values.numpy()[i], alone_values.numpy()[0], rtol=1e-6)
+    assert batch[1].numpy()[2, 0] == 6  # cut at max_length: filled in by an alive hypothesis
+
+
 def test_length_penalty_formulas():
     assert float(length_penalty(4, 0.6, "gnmt")) == pytest.approx((9 / 6) ** 0.6)
     assert float(length_penalty(4, 0.5, "average")) == pytest.approx(2.0)
