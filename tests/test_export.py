@@ -7,12 +7,14 @@ import shutil
 import subprocess
 
 import numpy as np
+import onnx
 import onnxruntime
 import pytest
 import tensorflow as tf
 
 import export.__main__ as export_cli
 from export import client
+from export.onnx_model import _hoist_loop_invariants
 from export.serving_check import read_meta_graph, unsupported_ops, write_signature_only
 from helpers import padded_ids, real_sentences, run_python, search_onnx, search_saved_model
 from pipeline.config import PROJECT_ROOT
@@ -193,6 +195,12 @@ def test_beam_search_runs_where_tensorflow_text_was_never_imported(
     )  # fmt: skip
     expected = search_saved_model(loaded, source_ids, n_best=2)["ids"]
     np.testing.assert_array_equal(np.array(json.loads(output)), expected)
+
+
+def test_onnx_loops_carry_only_what_changes(out):
+    model = onnx.load(str(out / "onnx" / "model.onnx"))
+    loops = [node for node in model.graph.node if node.op_type == "Loop"]
+    assert loops and _hoist_loop_invariants(model.graph) == 0
 
 
 def test_onnx_gives_the_saved_models_ids_on_hundreds_of_inputs(workdir, loaded, onnx_session):
