@@ -6,10 +6,11 @@ For greedy (beam 1) and beam 5, at batch 1 and batch 64 (length-sorted), on the 
 the Keras model in process (`pipeline.search.beam_search` in a `tf.function`), the exported
 SavedModel through the session loader that TF Serving uses, and ONNX Runtime
 (`export.runtime`). Prints sentences per second, milliseconds per sentence, and how many
-sentences' token ids differ from the SavedModel's (with the largest score difference), and
-each runtime's speed as a multiple of the session path's. Each figure is the best of
-`--repeats` timings, the runtimes taking turns. Expects `python -m export --workdir DIR` to
-have run (DIR/export).
+sentences' token ids differ from the SavedModel's (with the largest score difference), the
+test BLEU of the sentences decoded, and each runtime's speed as a multiple of the session
+path's. An export with `model.int8.onnx` adds ONNX Runtime with int8 weights. Each figure is
+the best of `--repeats` timings, the runtimes taking turns. Expects `python -m export
+--workdir DIR` to have run (DIR/export).
 """
 
 import argparse
@@ -27,6 +28,7 @@ import tensorflow_text  # noqa: E402, F401  (the SavedModel's tokenizer ops)
 
 from export.runtime import Translator as OnnxTranslator  # noqa: E402
 from pipeline.corpus import read_split  # noqa: E402
+from pipeline.evaluation import score_translations  # noqa: E402
 from pipeline.search import beam_search, max_decode_length  # noqa: E402
 from pipeline.workdir import load_trained  # noqa: E402
 
@@ -94,10 +96,9 @@ class SessionRuntime:
 
 
 class OnnxRuntime:
-    name = "ONNX Runtime"
-
-    def __init__(self, export_dir):
-        self.translator = OnnxTranslator(export_dir)
+    def __init__(self, export_dir, int8=False):
+        self.translator = OnnxTranslator(export_dir, int8=int8)
+        self.name = "ONNX Runtime, int8" if int8 else "ONNX Runtime"
 
     def __call__(self, batch, beam_size):
         out = self.translator.search(batch, beam_size=beam_size)
@@ -156,17 +157,20 @@ def main():
     if args.quick:
         args.sentences, args.batch1_sentences, args.repeats = 100, 20, 1
 
-    config, model, source_tokenizer, _ = load_trained(args.workdir)
+    config, model, source_tokenizer, target_tokenizer = load_trained(args.workdir)
     export_dir = export_directory(config, args.workdir)
     sentences = read_split(config["data"], "test").sources[: args.sentences]
     limit = config["decode"]["max_source_length"]
     source_ids = [ids[:limit] for ids in source_tokenizer.processor.encode(sentences)]
 
+    references = read_split(config["data"], "test").targets[: args.sentences]
     runtimes = [
         SessionRuntime(latest_version(config, args.workdir)),
         KerasRuntime(model, config["decode"]),
         OnnxRuntime(export_dir),
     ]
+    if json.loads((export_dir / "onnx" / "model.json").read_text()).get("int8_model"):
+        runtimes.append(OnnxRuntime(export_dir, int8=True))
     print(f"# {platform.node()}: {os.cpu_count()} CPUs, tensorflow {tf.__version__}")
     print(
         f"# {args.workdir}, {len(sentences)} test sentences ({args.batch1_sentences} at batch "
@@ -180,6 +184,12 @@ def main():
             reference = outputs[0]
             for runtime, seconds, results in zip(runtimes, timings, outputs):
                 differing, score_diff = compare(results, reference)
+                translations = target_tokenizer.detokenize(tf.ragged.constant(
+                    [ids.tolist() for ids, _ in results], dtype=tf.int32
+                )).numpy()  # fmt: skip
+                quality = score_translations(
+                    [t.decode() for t in translations], references[: len(subset)]
+                )
                 row = {
                     "runtime": runtime.name,
                     "search": "greedy" if beam_size == 1 else f"beam {beam_size}",
@@ -189,14 +199,15 @@ def main():
                     "ms_per_sentence": round(1000 * seconds / len(subset), 2),
                     "ids_differing": differing,
                     "max_score_diff": float(f"{score_diff:.2g}"),
+                    "bleu": quality["bleu"],
                 }
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     print(
         "\n| search | batch | runtime | sent/s | ms/sent | x session path | ids ≠ SavedModel "
-        "| max score diff |"
+        "| max score diff | BLEU |"
     )
-    print("|---|---:|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         session = next(
             s for s in rows
@@ -207,7 +218,7 @@ def main():
         print(
             f"| {r['search']} | {r['batch']} | {r['runtime']} | {r['sentences_per_s']} | "
             f"{r['ms_per_sentence']} | {speedup:.2f} | {r['ids_differing']}/{r['sentences']} | "
-            f"{r['max_score_diff']} |"
+            f"{r['max_score_diff']} | {r['bleu']} |"
         )
 
 

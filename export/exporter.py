@@ -49,12 +49,13 @@ def export_saved_model(graph, output, model_name, version, log=print):
     return target
 
 
-def export_onnx(graph, workdir, output, opset, log=print):
+def export_onnx(graph, workdir, output, opset, int8=True, log=print):
     target = Path(output) / "onnx"
     write_directory_atomically(
-        target, lambda tmp: write_onnx(graph, tmp, vocabulary_paths(workdir), opset)
+        target, lambda tmp: write_onnx(graph, tmp, vocabulary_paths(workdir), opset, int8)
     )
-    log(f"ONNX: {target / 'model.onnx'} (opset {opset}), with vocabularies and model.json")
+    also = " and model.int8.onnx" if int8 else ""
+    log(f"ONNX: {target / 'model.onnx'}{also} (opset {opset}), with vocabularies and model.json")
     return target
 
 
@@ -81,6 +82,8 @@ def export_model(
     if "saved_model" in formats:
         paths["saved_model"] = export_saved_model(graph, output, model_name, version, log)
     if "onnx" in formats:
-        paths["onnx"] = export_onnx(graph, workdir, output, settings["onnx_opset"], log)
+        paths["onnx"] = export_onnx(
+            graph, workdir, output, settings["onnx_opset"], settings["onnx_int8"], log
+        )
     log(f"Exported in {time.perf_counter() - start:.0f} s")
     return paths

@@ -5,8 +5,8 @@ Search depends only on the `EncoderDecoderModel` decoding contract (`encode`,
 attributes), never on a model's internals. Loops run over fixed-shape buffers (`[batch, beam,
 max_length]`), reorder beams with `tf.gather(..., batch_dims=1)`, stop early once every
 hypothesis has finished (beam search also drops each finished source from the batch), and
-avoid TensorArrays and integer one-hot ops, so that the same code converts to ONNX. Beam size, number of hypotheses, penalties and lengths may be tensors:
-changing them needs no retracing.
+avoid TensorArrays and integer one-hot ops, so that the same code converts to ONNX. Beam size,
+number of hypotheses, penalties and lengths may be tensors: changing them needs no retracing.
 """
 
 import tensorflow as tf
