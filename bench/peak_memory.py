@@ -4,10 +4,10 @@
 
 Training: `pipeline.train` with the configuration for `--steps` steps (no validation, test or
 export). Decoding: the test split at batch 64, beam 5, through ONNX Runtime (`export.runtime`,
-in a process that never imports TensorFlow), the SavedModel through the session loader, and the
-Keras model in process. Each figure is the process's high-water RSS (VmHWM) at its end:
-everything it loaded (libraries, model, vocabularies) included. Expects the work directory to
-hold a trained, exported model (`python -m export --workdir DIR`).
+float and int8 models, in a process that never imports TensorFlow), the SavedModel through the
+session loader, and the Keras model in process. Each figure is the process's high-water RSS
+(VmHWM) at its end: everything it loaded (libraries, model, vocabularies) included. Expects the
+work directory to hold a trained, exported model (`python -m export --workdir DIR`).
 """
 
 import argparse
@@ -21,7 +21,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 PROJECT_ROOT = BENCH.parent
-RUNTIMES = ("onnx", "saved_model", "keras")
+RUNTIMES = ("onnx", "onnx_int8", "saved_model", "keras")
 
 
 def peak_rss_mib():
@@ -51,10 +51,10 @@ def run_training(config, steps):
 
 def run_decoding(runtime, workdir, onnx_directory, sentences_file):
     sentences = Path(sentences_file).read_text(encoding="utf-8").splitlines()
-    if runtime == "onnx":
+    if runtime in ("onnx", "onnx_int8"):
         from export.runtime import Translator
 
-        translator = Translator(onnx_directory, batch_size=64)
+        translator = Translator(onnx_directory, batch_size=64, int8=runtime == "onnx_int8")
         translator.translate(sentences, beam_size=5)
         assert "tensorflow" not in sys.modules, "the ONNX runtime must not need TensorFlow"
         return
