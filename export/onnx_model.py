@@ -32,22 +32,6 @@ def _add_input_defaults(model, defaults):
         model.graph.initializer.append(onnx.numpy_helper.from_array(array, name))
 
 
-def _subgraphs(graph):
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                yield node, attribute.g
-                yield from _subgraphs(attribute.g)
-
-
-def _declare_loop_counters(model):
-    """Gives each `Loop` body's iteration input its scalar shape where tf2onnx left none (it
-    does for a loop whose body holds an `If`); ONNX Runtime refuses to run a body without it."""
-    for node, body in _subgraphs(model.graph):
-        if node.op_type == "Loop" and not body.input[0].type.tensor_type.HasField("shape"):
-            body.input[0].type.tensor_type.shape.SetInParent()
-
-
 def _rename_input(graph, old, new):
     """Makes every node of `graph` and of its subgraphs read `new` where it read `old`."""
     for node in graph.node:
@@ -117,7 +101,6 @@ def write_onnx(graph, directory, vocabulary_paths, opset, int8=True):
     model, _ = tf2onnx.convert.from_function(
         graph.beam_search, input_signature=graph.beam_search.input_signature, opset=opset
     )
-    _declare_loop_counters(model)
     _hoist_loop_invariants(model.graph)
     _add_input_defaults(model, graph.defaults)
     model.doc_string = "Attentional encoder-decoder with beam search (seq2seq-tf)"

@@ -45,9 +45,9 @@ class EncoderDecoderModel(keras.Model):
     i*k ... i*k+k-1 belong to source i), with the untiled `encoded`, and returns logits
     `[batch * k, vocab]`, the state, and attention weights over the source `[batch * k,
     src_len]` (None for a model without attention). Search reorders every state tensor along
-    its first axis, and drops the rows of finished sources from the state and from every tensor
-of `encoded`, which must therefore have one row per source along its first axis. Subclasses
-also give `source_vocab_size` and `target_vocab_size`.
+    its first axis, and drops the rows of finished sources from the state and from every
+    tensor of `encoded`, which must therefore have one row per source along its first axis.
+    Subclasses also give `source_vocab_size` and `target_vocab_size`.
 
     Args:
         label_smoothing: epsilon of label smoothing.

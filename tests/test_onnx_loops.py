@@ -1,11 +1,11 @@
-"""The ONNX export's graph rewrites: loop invariants hoisted, loop counters declared."""
+"""The ONNX export's graph rewrite: values a loop passes on unchanged are hoisted out of it."""
 
 import numpy as np
 import onnx
 import onnxruntime
 from onnx import TensorProto, helper
 
-from export.onnx_model import _declare_loop_counters, _hoist_loop_invariants
+from export.onnx_model import _hoist_loop_invariants
 
 
 def accumulating_loop(iterations=4):
@@ -83,12 +83,3 @@ def test_values_a_loop_passes_on_unchanged_become_outer_references():
     for expected, actual in zip(before, after):
         np.testing.assert_array_equal(actual, expected)
     assert _hoist_loop_invariants(model.graph) == 0
-
-
-def test_a_loop_counter_without_a_shape_gets_a_scalar_one():
-    model = accumulating_loop()
-    counter = model.graph.node[0].attribute[0].g.input[0].type.tensor_type
-    counter.ClearField("shape")
-    _declare_loop_counters(model)
-    assert counter.HasField("shape") and len(counter.shape.dim) == 0
-    run(model, np.zeros(2, np.float32), np.zeros(2, np.float32))
