@@ -29,7 +29,11 @@ def make_optimizer(train, learning_rate):
 
 def training_checkpoint(model, optimizer, completed_epochs):
     """The `tf.train.Checkpoint` that training saves and resumes from."""
-    return tf.train.Checkpoint(model=model, optimizer=optimizer, epochs=completed_epochs)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epochs=completed_epochs)
+    # Restoring would create the save counter, and under multi_worker creating a variable is a
+    # collective op every worker must join; only the chief restores, so create it here.
+    checkpoint.save_counter  # noqa: B018
+    return checkpoint
 
 
 def last_checkpoints(checkpoint_dir, count):

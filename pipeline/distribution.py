@@ -73,21 +73,31 @@ def current_task(distribute_config):
     return Task(task_type, index, is_chief=task_type == "chief" or first_worker)
 
 
-def check_same_step(strategy, step):
-    """Under multi_worker, stops unless every worker restored the same training step (a
-    worker killed while saving may hold an older latest checkpoint than the others)."""
+def take_chiefs_state(strategy, variables, is_chief):
+    """Under multi_worker, sets every worker's `variables` to the chief's values.
+
+    Synchronous training keeps every worker's copy equal, so the chief's checkpoint is the
+    whole cluster's: a worker killed while saving, or restarted on an empty disk, resumes from
+    it all the same. Each value is the sum over workers of the chief's value and zeros, which is
+    exact.
+    """
     import tensorflow as tf
 
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return
-    mean = strategy.reduce("MEAN", tf.constant(float(step)), axis=None)
-    spread = strategy.reduce("MEAN", tf.abs(float(step) - mean), axis=None)  # 0 iff all equal
-    if float(spread) > 0:
-        raise UserError(
-            f"the workers restored different steps (this one {step}, the cluster's mean "
-            f"{float(mean):g}); delete the newest checkpoints so that every worker's latest "
-            "is the same step, then restart every worker"
-        )
+    share = 1.0 if is_chief else 0.0
+
+    @tf.function
+    def chiefs_values():
+        def contribution():
+            # float64 holds every float32 and every integer below 2**53 (steps, epochs) exactly.
+            mine = [tf.cast(variable, tf.float64) * share for variable in variables]
+            return tf.distribute.get_replica_context().all_reduce("SUM", mine)
+
+        return strategy.run(contribution)
+
+    for variable, value in zip(variables, chiefs_values(), strict=True):
+        variable.assign(tf.cast(value, variable.dtype))
 
 
 def make_strategy(distribute_config):

@@ -18,7 +18,7 @@ from pipeline.checkpoints import average_checkpoints, make_optimizer, training_c
 from pipeline.config import save_config
 from pipeline.corpus import read_split
 from pipeline.dataset import count_batches, encode_corpus, make_dataset, with_known_length
-from pipeline.distribution import WorkerLost, check_same_step, current_task, make_strategy
+from pipeline.distribution import WorkerLost, current_task, make_strategy, take_chiefs_state
 from pipeline.errors import UserError, first_line
 from pipeline.evaluation import score_translations
 from pipeline.model_builder import build_model
@@ -208,14 +208,16 @@ def run(config, workdir, log=print):
         manager = tf.train.CheckpointManager(
             checkpoint, str(output / CHECKPOINT_DIR), max_to_keep=train["keep_checkpoints"]
         )
-        restored = _restore(checkpoint, manager)
-    check_same_step(strategy, int(optimizer.iterations.numpy()))
-    log(f"Model: {model.count_params():,} parameters")
-    if restored:
-        log(
-            f"Resuming from {manager.latest_checkpoint} (step {int(optimizer.iterations.numpy())}, "
-            f"{int(completed_epochs.numpy())} epochs done)"
+        # Workers other than the chief take the chief's state rather than read their own.
+        restored = task.is_chief and _restore(checkpoint, manager)
+        take_chiefs_state(
+            strategy, [*model.weights, *optimizer.variables, completed_epochs], task.is_chief
         )
+    log(f"Model: {model.count_params():,} parameters")
+    step = int(optimizer.iterations.numpy())
+    if step:
+        source = manager.latest_checkpoint if restored else "the chief's checkpoint"
+        log(f"Resuming from {source} (step {step}, {int(completed_epochs.numpy())} epochs done)")
     if task.is_chief:  # only now, when nothing has failed, does the configuration change
         save_config(config, workdir / CONFIG_FILE)
         log(f"Configuration written to {workdir / CONFIG_FILE}")

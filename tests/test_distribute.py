@@ -5,6 +5,7 @@ cluster bookkeeping (TF_CONFIG, chief, scratch folders)."""
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -123,8 +124,12 @@ def test_a_killed_worker_and_its_restart_resume_from_the_last_checkpoints(tmp_pa
     workers[1].communicate()
     assert workers[0].returncode == EXIT_RESTART, chief_output[-3000:]
     assert "another worker stopped" in chief_output
+    # The killed worker comes back on an empty disk: it resumes from the chief's checkpoint.
+    shutil.rmtree(tmp_path / SCRATCH_DIR)
     outputs = wait_for(start_workers(tmp_path, cluster, *longer))
-    resumed = [re.search(r"Resuming from \S+ckpt-(\d+)", output).group(1) for output in outputs]
+    assert re.search(r"Resuming from \S+ckpt-\d+ \(step", outputs[0])
+    assert "Resuming from the chief's checkpoint (step" in outputs[1]
+    resumed = [re.search(r"Resuming from .*\(step (\d+),", output).group(1) for output in outputs]
     assert resumed[0] == resumed[1] and int(resumed[0]) >= 40
     assert fingerprint(outputs[0]) == fingerprint(outputs[1])
 
