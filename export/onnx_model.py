@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 import tf2onnx
 
+from export.onnx_rewrites import optimise_loops
 from pipeline.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 MODEL_FILE = "model.onnx"
@@ -30,59 +31,6 @@ def _add_input_defaults(model, defaults):
     for name, value in defaults.items():
         array = np.array(value, dtype=types.get(name, np.float32))
         model.graph.initializer.append(onnx.numpy_helper.from_array(array, name))
-
-
-def _rename_input(graph, old, new):
-    """Makes every node of `graph` and of its subgraphs read `new` where it read `old`."""
-    for node in graph.node:
-        node.input[:] = [new if name == old else name for name in node.input]
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                _rename_input(attribute.g, old, new)
-
-
-def _replace(field, items):
-    items = [type(item).FromString(item.SerializeToString()) for item in items]
-    del field[:]
-    field.extend(items)
-
-
-def _hoist_loop_invariants(graph):
-    """Turns each value a `Loop` carries unchanged from one iteration to the next into a plain
-    reference to the value outside the loop; returns how many there were.
-
-    tf2onnx carries every captured tensor this way: the weights, the encoded source, the
-    search settings. ONNX Runtime handles each carried value at every iteration, so at batch
-    1 the beam search spent about a quarter of its time passing them on (bench/RESULTS.md).
-    """
-    hoisted = 0
-    for node in graph.node:
-        if node.op_type == "Loop":
-            body = node.attribute[0].g
-            carried = len(node.input) - 2  # after the trip count and the condition
-            graph_outputs = {output.name for output in graph.output}
-            invariant = [
-                node.input[2 + k]
-                and body.output[1 + k].name == body.input[2 + k].name
-                and node.output[k] not in graph_outputs
-                for k in range(carried)
-            ]
-            for k in (k for k in range(carried) if invariant[k]):
-                _rename_input(body, body.input[2 + k].name, node.input[2 + k])
-                _rename_input(graph, node.output[k], node.input[2 + k])
-            kept = [k for k in range(carried) if not invariant[k]]
-            node.input[:] = node.input[:2] + [node.input[2 + k] for k in kept]
-            node.output[:] = [node.output[k] for k in kept] + node.output[carried:]
-            _replace(body.input, body.input[:2] + [body.input[2 + k] for k in kept])
-            _replace(
-                body.output,
-                body.output[:1] + [body.output[1 + k] for k in kept] + body.output[1 + carried :],
-            )
-            hoisted += sum(invariant)
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                hoisted += _hoist_loop_invariants(attribute.g)
-    return hoisted
 
 
 def write_int8(source, target):
@@ -101,7 +49,7 @@ def write_onnx(graph, directory, vocabulary_paths, opset, int8=True):
     model, _ = tf2onnx.convert.from_function(
         graph.beam_search, input_signature=graph.beam_search.input_signature, opset=opset
     )
-    _hoist_loop_invariants(model.graph)
+    optimise_loops(model.graph)
     _add_input_defaults(model, graph.defaults)
     model.doc_string = "Attentional encoder-decoder with beam search (seq2seq-tf)"
     onnx.checker.check_model(model)

@@ -1,11 +1,17 @@
-"""The ONNX export's graph rewrite: values a loop passes on unchanged are hoisted out of it."""
+"""The ONNX export's graph rewrites, on hand-built graphs: values a loop passes on unchanged
+are hoisted out of it, tf2onnx's arithmetic selects become Where, and weights only a loop reads
+move into the loop."""
 
 import numpy as np
 import onnx
 import onnxruntime
 from onnx import TensorProto, helper
 
-from export.onnx_model import _hoist_loop_invariants
+from export.onnx_rewrites import (
+    hoist_loop_invariants,
+    move_initializers_into_loops,
+    selects_as_where,
+)
 
 
 def accumulating_loop(iterations=4):
@@ -60,17 +66,20 @@ def accumulating_loop(iterations=4):
 
 
 def run(model, start, offset):
-    session = onnxruntime.InferenceSession(
+    return session(model).run(None, {"start": start, "offset": offset})
+
+
+def session(model):
+    return onnxruntime.InferenceSession(
         model.SerializeToString(), providers=["CPUExecutionProvider"]
     )
-    return session.run(None, {"start": start, "offset": offset})
 
 
 def test_values_a_loop_passes_on_unchanged_become_outer_references():
     model = accumulating_loop()
     start, offset = np.array([1.0, 2.0], np.float32), np.array([0.5, 0.25], np.float32)
     before = run(model, start, offset)
-    assert _hoist_loop_invariants(model.graph) == 2
+    assert hoist_loop_invariants(model.graph) == 2
     onnx.checker.check_model(model, full_check=True)
     loop = model.graph.node[0]
     assert list(loop.input) == ["trips", "keep_going", "start"]  # only the total is carried
@@ -82,4 +91,90 @@ def test_values_a_loop_passes_on_unchanged_become_outer_references():
     np.testing.assert_array_equal(after[0], start + 4 * (np.array([1.0, 10.0]) + offset))
     for expected, actual in zip(before, after):
         np.testing.assert_array_equal(actual, expected)
-    assert _hoist_loop_invariants(model.graph) == 0
+    assert hoist_loop_invariants(model.graph) == 0
+
+
+def arithmetic_select_in_a_loop():
+    """A loop whose body computes select(c, x, y) as tf2onnx writes it, and reads `c` and `y`
+    again after the select (so those stay)."""
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("Cast", ["mask"], ["mask_as_float"], to=TensorProto.FLOAT),
+            helper.make_node("Mul", ["mask_as_float", "x"], ["kept_x"]),
+            helper.make_node("Not", ["mask"], ["not_mask"]),
+            helper.make_node("Cast", ["not_mask"], ["not_mask_as_float"], to=TensorProto.FLOAT),
+            helper.make_node("Mul", ["y", "not_mask_as_float"], ["kept_y"]),
+            helper.make_node("Add", ["kept_x", "kept_y"], ["selected"]),
+            helper.make_node("Add", ["total_in", "selected"], ["total_out"]),
+            helper.make_node("Cast", ["mask"], ["mask_out"], to=TensorProto.INT32),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("total_in", TensorProto.FLOAT, [3]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("total_out", TensorProto.FLOAT, [3]),
+            helper.make_tensor_value_info("mask_out", TensorProto.INT32, [3]),
+        ],
+    )
+    loop = helper.make_node("Loop", ["trips", "keep_going", "start"], ["total", "masks"], body=body)
+    graph = helper.make_graph(
+        [loop],
+        "select",
+        [
+            helper.make_tensor_value_info("start", TensorProto.FLOAT, [3]),
+            helper.make_tensor_value_info("mask", TensorProto.BOOL, [3]),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [3]),
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [3]),
+        ],
+        [
+            helper.make_tensor_value_info("total", TensorProto.FLOAT, [3]),
+            helper.make_tensor_value_info("masks", TensorProto.INT32, [2, 3]),
+        ],
+        initializer=[
+            helper.make_tensor("trips", TensorProto.INT64, [], [2]),
+            helper.make_tensor("keep_going", TensorProto.BOOL, [], [True]),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_arithmetic_selects_become_where_and_give_the_same_values():
+    model = arithmetic_select_in_a_loop()
+    feed = {
+        "start": np.zeros(3, np.float32),
+        "mask": np.array([True, False, True]),
+        "x": np.array([1.5, -np.inf, -2.0], np.float32),  # the arithmetic gives NaN for inf
+        "y": np.array([7.0, 3.0, np.inf], np.float32),
+    }
+    before = session(model).run(None, feed)
+    assert np.isnan(before[0]).tolist() == [False, True, True]
+    assert selects_as_where(model.graph) == 1
+    onnx.checker.check_model(model, full_check=True)
+    body = model.graph.node[0].attribute[0].g
+    assert [node.op_type for node in body.node] == ["Identity", "Where", "Add", "Cast"]
+    assert list(body.node[1].input) == ["mask", "x", "y"]
+    total, masks = session(model).run(None, feed)
+    np.testing.assert_array_equal(total, 2 * np.where(feed["mask"], feed["x"], feed["y"]))
+    np.testing.assert_array_equal(masks, before[1])
+    assert selects_as_where(model.graph) == 0
+
+
+def test_weights_only_a_loop_reads_move_into_it():
+    model = accumulating_loop()
+    hoist_loop_invariants(model.graph)
+    start, offset = np.array([1.0, 2.0], np.float32), np.array([0.5, 0.25], np.float32)
+    before = run(model, start, offset)
+    assert move_initializers_into_loops(model.graph) == 1
+    onnx.checker.check_model(model, full_check=True)
+    body = model.graph.node[0].attribute[0].g
+    assert [i.name for i in body.initializer] == ["weight"]
+    # The loop's own inputs stay where the Loop node reads them.
+    assert [i.name for i in model.graph.initializer] == ["trips", "keep_going"]
+    for expected, actual in zip(before, run(model, start, offset)):
+        np.testing.assert_array_equal(actual, expected)
+    assert move_initializers_into_loops(model.graph) == 0
