@@ -159,11 +159,12 @@ def main():
 
     config, model, source_tokenizer, target_tokenizer = load_trained(args.workdir)
     export_dir = export_directory(config, args.workdir)
-    sentences = read_split(config["data"], "test").sources[: args.sentences]
+    test = read_split(config["data"], "test")
+    sentences = test.sources[: args.sentences]
     limit = config["decode"]["max_source_length"]
     source_ids = [ids[:limit] for ids in source_tokenizer.processor.encode(sentences)]
 
-    references = read_split(config["data"], "test").targets[: args.sentences]
+    references = test.targets[: args.sentences]
     runtimes = [
         SessionRuntime(latest_version(config, args.workdir)),
         KerasRuntime(model, config["decode"]),

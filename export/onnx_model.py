@@ -2,8 +2,8 @@
 
 `OUT/onnx/` holds `model.onnx` (the search is an ONNX `Loop`; batch and source length are
 dynamic), optionally `model.int8.onnx` (the same with int8 weights in every matrix product,
-quantised dynamically by onnxruntime: about twice as fast, with translations that may differ
-a little), the source and target SentencePiece vocabularies (`.model` and plain `.vocab`) and
+quantised dynamically by onnxruntime: faster, with translations that may differ a
+little), the source and target SentencePiece vocabularies (`.model` and plain `.vocab`) and
 `model.json`: special token ids, the decoding defaults and the file names. The scalar inputs
 `beam_size`, `n_best`, `length_penalty` and `max_length` carry their defaults as initializers,
 so ONNX Runtime lets a caller leave them out.

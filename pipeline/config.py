@@ -156,7 +156,7 @@ SCHEMA = {
         "formats": Field(str, "saved_model,onnx"),
         "model_name": Field(str, "translator"),
         "onnx_opset": Field(int, 17, minimum=13, maximum=18),  # tf2onnx 1.17 stops at 18
-        "onnx_int8": Field(bool, True),  # also onnx/model.int8.onnx: int8 weights, ~2x faster
+        "onnx_int8": Field(bool, True),  # also onnx/model.int8.onnx, with int8 weights
     },
 }
 EXPORT_FORMATS = ("saved_model", "onnx")
