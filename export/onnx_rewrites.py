@@ -4,15 +4,24 @@ graph computes and removes work that the search loops would repeat at every step
 import collections
 import functools
 
+import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+# The largest table `project_embeddings` writes: vocabulary x projected width x 4 bytes.
+MAX_PROJECTED_TABLE_BYTES = 64 << 20
 
 
-def optimise_loops(graph):
-    """Applies every rewrite below to `graph`; returns how many changes each made."""
+def optimise_loops(model):
+    """Applies every rewrite below to `model`'s graph; returns how many changes each made."""
+    graph = model.graph
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
     return {
         "hoisted": hoist_loop_invariants(graph),
         "selects": selects_as_where(graph),
+        "folded": fold_loop_constants(graph, opset),
+        "projected": project_embeddings(graph),
         "moved_initializers": move_initializers_into_loops(graph),
     }
 
@@ -26,6 +35,30 @@ def subgraphs(graph):
                 yield from subgraphs(attribute.g)
 
 
+def _scopes(graph, enclosing=()):
+    """For `graph` and every graph nested in it: the graph with those enclosing it, innermost
+    last."""
+    scopes = (*enclosing, graph)
+    yield scopes
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                yield from _scopes(attribute.g, scopes)
+
+
+def _constants(scopes):
+    """The initializers the nodes of `scopes[-1]` read as constants, by name: their graph's and
+    the enclosing graphs', less the names an inner graph redefines and the initializers that
+    are graph inputs too (those are defaults a caller may override)."""
+    constants = {}
+    for graph in scopes:
+        inputs = {value.name for value in graph.input}
+        for name in inputs.union(*(node.output for node in graph.node)):
+            constants.pop(name, None)
+        constants.update((i.name, i) for i in graph.initializer if i.name not in inputs)
+    return constants
+
+
 def _rename_input(graph, old, new):
     """Makes every node of `graph` and of its subgraphs read `new` where it read `old`."""
     for node in graph.node:
@@ -33,6 +66,13 @@ def _rename_input(graph, old, new):
         for attribute in node.attribute:
             if attribute.type == onnx.AttributeProto.GRAPH:
                 _rename_input(attribute.g, old, new)
+
+
+def _delete(field, positions):
+    """Deletes in place the items at `positions` of a repeated field: references to the others,
+    and to the graphs inside them, stay valid (`_replace` copies)."""
+    for position in sorted(positions, reverse=True):
+        del field[position]
 
 
 def _replace(field, items):
@@ -166,3 +206,118 @@ def move_initializers_into_loops(graph):
             moving[initializer.name].initializer.append(initializer)
     _replace(graph.initializer, [i for i in graph.initializer if i.name not in moving])
     return len(moving)
+
+
+def fold_loop_constants(graph, opset, small=1024):
+    """Computes, once and here, each node of a loop body whose inputs are all constants, and
+    makes its outputs initializers of the body; returns how many nodes.
+
+    tf2onnx folds the outer graph's constants but not the loop bodies': a Keras GRU step
+    splits its bias at every step. Nodes that would write more than their largest input (and
+    more than `small` values) are left to compute, so that no folding inflates the model.
+    """
+    folded = 0
+    for scopes in list(_scopes(graph))[1:]:
+        body, constants = scopes[-1], _constants(scopes)
+        outputs = {value.name for value in body.output}
+        done = []
+        for position, node in enumerate(body.node):
+            inputs = [name for name in node.input if name]
+            foldable = (
+                inputs
+                and all(name in constants for name in inputs)
+                and not outputs.intersection(node.output)
+                and not any(a.type == onnx.AttributeProto.GRAPH for a in node.attribute)
+            )
+            if foldable:
+                values = {name: numpy_helper.to_array(constants[name]) for name in inputs}
+                results = ReferenceEvaluator(node, opsets={"": opset}).run(None, values)
+                largest = max(max(value.size for value in values.values()), small)
+                foldable = all(np.asarray(result).size <= largest for result in results)
+            if not foldable:
+                continue
+            for name, result in zip(node.output, results):
+                constants[name] = numpy_helper.from_array(np.asarray(result), name)
+                body.initializer.append(constants[name])
+            done.append(position)
+        _delete(body.node, done)
+        folded += len(done)
+    return folded
+
+
+def project_embeddings(graph, max_table_bytes=MAX_PROJECTED_TABLE_BYTES):
+    """Rewrites a lookup in a constant table followed by a product with constant weights (and
+    a constant bias), MatMul(Gather(E, ids), W) [+ b], as a lookup in the table E @ W + b,
+    computed here in float64; returns how many.
+
+    A recurrent decoder multiplies each step's token embedding by its input weights: gathering
+    rows of the product saves that multiplication at every step, for a table of vocabulary x
+    (gates x units) values (at most `max_table_bytes`). Only float32 tables are rewritten.
+    """
+    projected = sum(
+        _project_lookups(scopes[-1], _constants(scopes), max_table_bytes)
+        for scopes in _scopes(graph)
+    )
+    _drop_unread_initializers(graph)
+    return projected
+
+
+def _project_lookups(graph, constants, max_table_bytes):
+    """`project_embeddings` in one graph, with the constants its nodes can read."""
+    nodes = list(graph.node)  # held, so that their ids stay theirs
+    position = {id(node): k for k, node in enumerate(nodes)}
+    reads = _reads(graph.output, nodes)
+    readers = collections.defaultdict(list)
+    for node in nodes:
+        for name in node.input:
+            readers[name].append(node)
+
+    def only_reader(name, op_type):
+        found = readers[name]
+        if reads[name] == 1 and len(found) == 1 and found[0].op_type == op_type:
+            return found[0]
+        return None
+
+    def constant_array(name, rank):
+        value = constants.get(name)
+        if value is None or value.data_type != onnx.TensorProto.FLOAT or len(value.dims) != rank:
+            return None
+        return numpy_helper.to_array(value)
+
+    removed, projected = [], 0
+    for gather in [node for node in nodes if node.op_type == "Gather"]:
+        axis = next((a.i for a in gather.attribute if a.name == "axis"), 0)
+        table = constant_array(gather.input[0], 2)
+        product = only_reader(gather.output[0], "MatMul")
+        if axis != 0 or table is None or product is None or product.input[0] != gather.output[0]:
+            continue
+        weights = constant_array(product.input[1], 2)
+        if weights is None or table.shape[0] * weights.shape[1] * 4 > max_table_bytes:
+            continue
+        projection = table.astype(np.float64) @ weights.astype(np.float64)
+        last = product
+        bias_add = only_reader(product.output[0], "Add")
+        if bias_add is not None:
+            other = [name for name in bias_add.input if name != product.output[0]]
+            bias = constant_array(other[0], 1) if len(other) == 1 else None
+            if bias is not None and bias.shape == projection.shape[1:]:
+                projection += bias
+                last = bias_add
+        name = f"{last.output[0]}/projected_table"
+        graph.initializer.append(numpy_helper.from_array(projection.astype(np.float32), name))
+        gather.input[0], gather.output[0] = name, last.output[0]
+        removed += {position[id(product)], position[id(last)]}
+        projected += 1
+    _delete(graph.node, removed)
+    return projected
+
+
+def _drop_unread_initializers(graph):
+    for scopes in _scopes(graph):
+        inner = scopes[-1]
+        reads = _reads(inner.output, inner.node)
+        inputs = {value.name for value in inner.input}
+        _delete(
+            inner.initializer,
+            [k for k, i in enumerate(inner.initializer) if not (reads[i.name] or i.name in inputs)],
+        )

@@ -1,6 +1,7 @@
 """The ONNX export's graph rewrites, on hand-built graphs: values a loop passes on unchanged
-are hoisted out of it, tf2onnx's arithmetic selects become Where, and weights only a loop reads
-move into the loop."""
+are hoisted out of it, tf2onnx's arithmetic selects become Where, constants a loop body
+computes are computed once, a token lookup followed by a product with constant weights becomes
+a lookup in their product, and weights only a loop reads move into the loop."""
 
 import numpy as np
 import onnx
@@ -8,8 +9,10 @@ import onnxruntime
 from onnx import TensorProto, helper
 
 from export.onnx_rewrites import (
+    fold_loop_constants,
     hoist_loop_invariants,
     move_initializers_into_loops,
+    project_embeddings,
     selects_as_where,
 )
 
@@ -178,3 +181,106 @@ def test_weights_only_a_loop_reads_move_into_it():
     for expected, actual in zip(before, run(model, start, offset)):
         np.testing.assert_array_equal(actual, expected)
     assert move_initializers_into_loops(model.graph) == 0
+
+
+def embedding_step_loop(vocab=7, dim=3, width=4, read_embedding_twice=False):
+    """A loop that, at each step, looks up `tokens[i]` in an embedding table and multiplies it by
+    weights plus a bias split out of a [2, width] constant (as a Keras GRU step does); it sums
+    the products. The table, the weights and the bias are initializers of the outer graph."""
+    rng = np.random.default_rng(3)
+    body_nodes = [
+        helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+        helper.make_node("Gather", ["tokens", "i"], ["token"], axis=0),
+        helper.make_node("Gather", ["embeddings", "token"], ["embedded"], axis=0),
+        helper.make_node("MatMul", ["embedded", "weights"], ["product"]),
+        helper.make_node("Split", ["biases"], ["input_bias", "recurrent_bias"], axis=0),
+        helper.make_node("Squeeze", ["input_bias", "zero"], ["bias"]),
+        helper.make_node("Add", ["product", "bias"], ["projected"]),
+        helper.make_node("Add", ["total_in", "projected"], ["total_out"]),
+    ]
+    if read_embedding_twice:  # the embedding is read again: the product must stay
+        body_nodes.append(helper.make_node("ReduceSum", ["embedded"], ["embedded_sum"]))
+    body = helper.make_graph(
+        body_nodes,
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("total_in", TensorProto.FLOAT, [None, width]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("total_out", TensorProto.FLOAT, [None, width]),
+        ],
+    )
+    loop = helper.make_node("Loop", ["trips", "", "start"], ["total"], body=body)
+    graph = helper.make_graph(
+        [loop],
+        "embed",
+        [
+            helper.make_tensor_value_info("trips", TensorProto.INT64, []),
+            helper.make_tensor_value_info("tokens", TensorProto.INT64, [None, None]),
+            helper.make_tensor_value_info("start", TensorProto.FLOAT, [None, width]),
+        ],
+        [helper.make_tensor_value_info("total", TensorProto.FLOAT, [None, width])],
+        initializer=[
+            onnx.numpy_helper.from_array(value, name)
+            for name, value in [
+                ("embeddings", rng.normal(size=(vocab, dim)).astype(np.float32)),
+                ("weights", rng.normal(size=(dim, width)).astype(np.float32)),
+                ("biases", rng.normal(size=(2, width)).astype(np.float32)),
+                ("zero", np.array([0], np.int64)),
+            ]
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def run_embedding_steps(model):
+    tokens = np.array([[1, 6, 0], [4, 4, 2]], np.int64)  # [steps, batch]
+    feed = {"trips": np.array(2, np.int64), "tokens": tokens, "start": np.zeros((3, 4), np.float32)}
+    return session(model).run(None, feed)[0]
+
+
+def test_constants_a_loop_body_computes_are_computed_once():
+    model = embedding_step_loop()
+    before = run_embedding_steps(model)
+    assert fold_loop_constants(model.graph, opset=17) == 2  # the Split and the Squeeze
+    onnx.checker.check_model(model, full_check=True)
+    body = model.graph.node[0].attribute[0].g
+    assert "Split" not in [node.op_type for node in body.node]
+    biases = onnx.numpy_helper.to_array(model.graph.initializer[2])
+    folded = {i.name: onnx.numpy_helper.to_array(i) for i in body.initializer}
+    np.testing.assert_array_equal(folded["bias"], biases[0])
+    np.testing.assert_array_equal(run_embedding_steps(model), before)
+    assert fold_loop_constants(model.graph, opset=17) == 0
+
+
+def test_a_lookup_then_a_product_becomes_a_lookup_in_the_product():
+    model = embedding_step_loop()
+    before = run_embedding_steps(model)
+    embeddings, weights, biases, _ = map(onnx.numpy_helper.to_array, model.graph.initializer)
+    fold_loop_constants(model.graph, opset=17)
+    assert project_embeddings(model.graph) == 1
+    onnx.checker.check_model(model, full_check=True)
+    body = model.graph.node[0].attribute[0].g
+    assert [node.op_type for node in body.node] == ["Identity", "Gather", "Gather", "Add"]
+    table = onnx.numpy_helper.to_array(
+        next(i for i in body.initializer if i.name == body.node[2].input[0])
+    )
+    # Computed in float64, then rounded once.
+    exact = embeddings.astype(np.float64) @ weights + biases[0]
+    np.testing.assert_array_equal(table, exact.astype(np.float32))
+    # What only the removed nodes read is gone: the table, the weights, the split bias.
+    assert [i.name for i in model.graph.initializer] == []
+    assert [i.name for i in body.initializer] == [body.node[2].input[0]]
+    np.testing.assert_allclose(run_embedding_steps(model), before, rtol=1e-5, atol=1e-5)
+    assert project_embeddings(model.graph) == 0
+
+
+def test_a_lookup_read_elsewhere_or_a_table_too_large_stays_a_product():
+    shared = embedding_step_loop(read_embedding_twice=True)
+    assert project_embeddings(shared.graph) == 0
+    large = embedding_step_loop(vocab=7, width=4)
+    assert project_embeddings(large.graph, max_table_bytes=7 * 4 * 4 - 1) == 0
+    assert project_embeddings(large.graph, max_table_bytes=7 * 4 * 4) == 1
