@@ -49,7 +49,7 @@ def write_onnx(graph, directory, vocabulary_paths, opset, int8=True):
     model, _ = tf2onnx.convert.from_function(
         graph.beam_search, input_signature=graph.beam_search.input_signature, opset=opset
     )
-    optimise_loops(model)
+    optimise_loops(model.graph)
     _add_input_defaults(model, graph.defaults)
     model.doc_string = "Attentional encoder-decoder with beam search (seq2seq-tf)"
     onnx.checker.check_model(model)

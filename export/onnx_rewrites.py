@@ -7,20 +7,16 @@ import functools
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
-from onnx.reference import ReferenceEvaluator
 
 # The largest table `project_embeddings` writes: vocabulary x projected width x 4 bytes.
 MAX_PROJECTED_TABLE_BYTES = 64 << 20
 
 
-def optimise_loops(model):
-    """Applies every rewrite below to `model`'s graph; returns how many changes each made."""
-    graph = model.graph
-    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+def optimise_loops(graph):
+    """Applies every rewrite below to `graph`; returns how many changes each made."""
     return {
         "hoisted": hoist_loop_invariants(graph),
         "selects": selects_as_where(graph),
-        "folded": fold_loop_constants(graph, opset),
         "projected": project_embeddings(graph),
         "moved_initializers": move_initializers_into_loops(graph),
     }
@@ -208,43 +204,6 @@ def move_initializers_into_loops(graph):
     return len(moving)
 
 
-def fold_loop_constants(graph, opset, small=1024):
-    """Computes, once and here, each node of a loop body whose inputs are all constants, and
-    makes its outputs initializers of the body; returns how many nodes.
-
-    tf2onnx folds the outer graph's constants but not the loop bodies': a Keras GRU step
-    splits its bias at every step. Nodes that would write more than their largest input (and
-    more than `small` values) are left to compute, so that no folding inflates the model.
-    """
-    folded = 0
-    for scopes in list(_scopes(graph))[1:]:
-        body, constants = scopes[-1], _constants(scopes)
-        outputs = {value.name for value in body.output}
-        done = []
-        for position, node in enumerate(body.node):
-            inputs = [name for name in node.input if name]
-            foldable = (
-                inputs
-                and all(name in constants for name in inputs)
-                and not outputs.intersection(node.output)
-                and not any(a.type == onnx.AttributeProto.GRAPH for a in node.attribute)
-            )
-            if foldable:
-                values = {name: numpy_helper.to_array(constants[name]) for name in inputs}
-                results = ReferenceEvaluator(node, opsets={"": opset}).run(None, values)
-                largest = max(max(value.size for value in values.values()), small)
-                foldable = all(np.asarray(result).size <= largest for result in results)
-            if not foldable:
-                continue
-            for name, result in zip(node.output, results):
-                constants[name] = numpy_helper.from_array(np.asarray(result), name)
-                body.initializer.append(constants[name])
-            done.append(position)
-        _delete(body.node, done)
-        folded += len(done)
-    return folded
-
-
 def project_embeddings(graph, max_table_bytes=MAX_PROJECTED_TABLE_BYTES):
     """Rewrites a lookup in a constant table followed by a product with constant weights (and
     a constant bias), MatMul(Gather(E, ids), W) [+ b], as a lookup in the table E @ W + b,
@@ -252,7 +211,8 @@ def project_embeddings(graph, max_table_bytes=MAX_PROJECTED_TABLE_BYTES):
 
     A recurrent decoder multiplies each step's token embedding by its input weights: gathering
     rows of the product saves that multiplication at every step, for a table of vocabulary x
-    (gates x units) values (at most `max_table_bytes`). Only float32 tables are rewritten.
+    (gates x units) values (at most `max_table_bytes`). Only float32 tables are rewritten. A
+    bias computed in the step (a Keras GRU splits its own) stays an addition.
     """
     projected = sum(
         _project_lookups(scopes[-1], _constants(scopes), max_table_bytes)

@@ -1,7 +1,7 @@
 """The ONNX export's graph rewrites, on hand-built graphs: values a loop passes on unchanged
-are hoisted out of it, tf2onnx's arithmetic selects become Where, constants a loop body
-computes are computed once, a token lookup followed by a product with constant weights becomes
-a lookup in their product, and weights only a loop reads move into the loop."""
+are hoisted out of it, tf2onnx's arithmetic selects become Where, a token lookup followed by a
+product with constant weights becomes a lookup in their product, and weights only a loop reads
+move into the loop."""
 
 import numpy as np
 import onnx
@@ -9,7 +9,6 @@ import onnxruntime
 from onnx import TensorProto, helper
 
 from export.onnx_rewrites import (
-    fold_loop_constants,
     hoist_loop_invariants,
     move_initializers_into_loops,
     project_embeddings,
@@ -184,17 +183,15 @@ def test_weights_only_a_loop_reads_move_into_it():
 
 
 def embedding_step_loop(vocab=7, dim=3, width=4, read_embedding_twice=False):
-    """A loop that, at each step, looks up `tokens[i]` in an embedding table and multiplies it by
-    weights plus a bias split out of a [2, width] constant (as a Keras GRU step does); it sums
-    the products. The table, the weights and the bias are initializers of the outer graph."""
+    """A loop that, at each step, looks up `tokens[i]` in an embedding table, multiplies it by
+    weights and adds a bias (as a Keras LSTM step does), and sums the results. The table, the
+    weights and the bias are initializers of the outer graph."""
     rng = np.random.default_rng(3)
     body_nodes = [
         helper.make_node("Identity", ["cond_in"], ["cond_out"]),
         helper.make_node("Gather", ["tokens", "i"], ["token"], axis=0),
         helper.make_node("Gather", ["embeddings", "token"], ["embedded"], axis=0),
         helper.make_node("MatMul", ["embedded", "weights"], ["product"]),
-        helper.make_node("Split", ["biases"], ["input_bias", "recurrent_bias"], axis=0),
-        helper.make_node("Squeeze", ["input_bias", "zero"], ["bias"]),
         helper.make_node("Add", ["product", "bias"], ["projected"]),
         helper.make_node("Add", ["total_in", "projected"], ["total_out"]),
     ]
@@ -228,8 +225,7 @@ def embedding_step_loop(vocab=7, dim=3, width=4, read_embedding_twice=False):
             for name, value in [
                 ("embeddings", rng.normal(size=(vocab, dim)).astype(np.float32)),
                 ("weights", rng.normal(size=(dim, width)).astype(np.float32)),
-                ("biases", rng.normal(size=(2, width)).astype(np.float32)),
-                ("zero", np.array([0], np.int64)),
+                ("bias", rng.normal(size=width).astype(np.float32)),
             ]
         ],
     )
@@ -242,38 +238,22 @@ def run_embedding_steps(model):
     return session(model).run(None, feed)[0]
 
 
-def test_constants_a_loop_body_computes_are_computed_once():
-    model = embedding_step_loop()
-    before = run_embedding_steps(model)
-    assert fold_loop_constants(model.graph, opset=17) == 2  # the Split and the Squeeze
-    onnx.checker.check_model(model, full_check=True)
-    body = model.graph.node[0].attribute[0].g
-    assert "Split" not in [node.op_type for node in body.node]
-    biases = onnx.numpy_helper.to_array(model.graph.initializer[2])
-    folded = {i.name: onnx.numpy_helper.to_array(i) for i in body.initializer}
-    np.testing.assert_array_equal(folded["bias"], biases[0])
-    np.testing.assert_array_equal(run_embedding_steps(model), before)
-    assert fold_loop_constants(model.graph, opset=17) == 0
-
-
 def test_a_lookup_then_a_product_becomes_a_lookup_in_the_product():
     model = embedding_step_loop()
     before = run_embedding_steps(model)
-    embeddings, weights, biases, _ = map(onnx.numpy_helper.to_array, model.graph.initializer)
-    fold_loop_constants(model.graph, opset=17)
+    embeddings, weights, bias = map(onnx.numpy_helper.to_array, model.graph.initializer)
     assert project_embeddings(model.graph) == 1
     onnx.checker.check_model(model, full_check=True)
     body = model.graph.node[0].attribute[0].g
     assert [node.op_type for node in body.node] == ["Identity", "Gather", "Gather", "Add"]
-    table = onnx.numpy_helper.to_array(
-        next(i for i in body.initializer if i.name == body.node[2].input[0])
-    )
-    # Computed in float64, then rounded once.
-    exact = embeddings.astype(np.float64) @ weights + biases[0]
-    np.testing.assert_array_equal(table, exact.astype(np.float32))
-    # What only the removed nodes read is gone: the table, the weights, the split bias.
+    assert body.node[2].output[0] == "projected"
+    # The table is computed in float64 and rounded once; it replaces what only the removed
+    # nodes read (the embeddings, the weights, the bias).
+    (table,) = body.initializer
+    assert table.name == body.node[2].input[0]
+    exact = embeddings.astype(np.float64) @ weights + bias
+    np.testing.assert_array_equal(onnx.numpy_helper.to_array(table), exact.astype(np.float32))
     assert [i.name for i in model.graph.initializer] == []
-    assert [i.name for i in body.initializer] == [body.node[2].input[0]]
     np.testing.assert_allclose(run_embedding_steps(model), before, rtol=1e-5, atol=1e-5)
     assert project_embeddings(model.graph) == 0
 
