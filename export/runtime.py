@@ -44,7 +44,7 @@ class Translator:
     """An exported model (`OUT` or `OUT/onnx`) in ONNX Runtime, with its vocabularies.
 
     `int8=True` loads `model.int8.onnx`, the model with int8 weights: faster on a CPU (beam
-    search on the default model: 1.3x to 1.7x the float model, bench/RESULTS.md), with
+    search on the default model: 1.1x to 2x the float model, bench/RESULTS.md), with
     translations that may differ a little from the float model's.
     """
 
