@@ -273,6 +273,7 @@ def _project_lookups(graph, constants, max_table_bytes):
 
 
 def _drop_unread_initializers(graph):
+    """Removes the initializers, at every depth, that nothing reads and that no input names."""
     for scopes in _scopes(graph):
         inner = scopes[-1]
         reads = _reads(inner.output, inner.node)
