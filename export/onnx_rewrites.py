@@ -22,15 +22,6 @@ def optimise_loops(graph):
     }
 
 
-def subgraphs(graph):
-    """`graph` and every graph nested in its nodes' attributes, outermost first."""
-    yield graph
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from subgraphs(attribute.g)
-
-
 def _scopes(graph, enclosing=()):
     """For `graph` and every graph nested in it: the graph with those enclosing it, innermost
     last."""
@@ -40,6 +31,11 @@ def _scopes(graph, enclosing=()):
         for attribute in node.attribute:
             if attribute.type == onnx.AttributeProto.GRAPH:
                 yield from _scopes(attribute.g, scopes)
+
+
+def subgraphs(graph):
+    """`graph` and every graph nested in its nodes' attributes, outermost first."""
+    return (scopes[-1] for scopes in _scopes(graph))
 
 
 def _constants(scopes):
@@ -274,8 +270,7 @@ def _project_lookups(graph, constants, max_table_bytes):
 
 def _drop_unread_initializers(graph):
     """Removes the initializers, at every depth, that nothing reads and that no input names."""
-    for scopes in _scopes(graph):
-        inner = scopes[-1]
+    for inner in subgraphs(graph):
         reads = _reads(inner.output, inner.node)
         inputs = {value.name for value in inner.input}
         _delete(

@@ -274,19 +274,12 @@ def test_runtime_translates_without_tensorflow(out, loaded):
     assert result["n_best"][0][0][0] == result["best"][0]
 
 
-def loop_bodies(graph):
-    for node in graph.node:
-        if node.op_type == "Loop":
-            yield node.attribute[0].g
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from loop_bodies(attribute.g)
-
-
 def test_int8_model_quantises_the_loops_and_translates(out, workdir, onnx_session):
     model = onnx.load(str(out / "onnx" / "model.int8.onnx"))
     products = collections.Counter()
-    for body in loop_bodies(model.graph):
+    graphs = subgraphs(model.graph)
+    loops = [node for graph in graphs for node in graph.node if node.op_type == "Loop"]
+    for body in (loop.attribute[0].g for loop in loops):
         products.update(n.op_type for n in body.node if n.op_type.startswith("MatMul"))
     assert products["MatMulInteger"] >= 3 and products["MatMul"] <= 2  # attention's stay float
     int8 = OnnxTranslator(out, int8=True)
