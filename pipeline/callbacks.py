@@ -54,6 +54,34 @@ class TargetTokensPerSecond(keras.callbacks.Callback):
             logs["tgt_tok/s"] = self._rate
 
 
+class FirstStepTime(keras.callbacks.Callback):
+    """Logs how long after the run started its first training step ended: the wait a user
+    has before training (corpus scan, vocabularies, model, first batches)."""
+
+    def __init__(self, started, log=print):
+        super().__init__()
+        self.started = started
+        self.log = log
+        self._done = False
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self._done:
+            self._done = True
+            self.log(f"\nFirst training step after {time.perf_counter() - self.started:.1f} s")
+
+
+class ReportAtEpochEnd(keras.callbacks.Callback):
+    """Logs the lines `report()` returns at the end of every epoch."""
+
+    def __init__(self, report, log=print):
+        super().__init__()
+        self.report = report
+        self.log = log
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.log("\n" + "\n".join(self.report()))  # after the progress bar's line
+
+
 class CheckpointEveryNSteps(keras.callbacks.Callback):
     """Saves a `tf.train.CheckpointManager` checkpoint every N steps and at each epoch end.
 
@@ -61,11 +89,12 @@ class CheckpointEveryNSteps(keras.callbacks.Callback):
     so that a resumed run starts at the right epoch with the step count continuing.
     """
 
-    def __init__(self, manager, completed_epochs, every_steps):
+    def __init__(self, manager, completed_epochs, every_steps, before_save=lambda: None):
         super().__init__()
         self.manager = manager
         self.completed_epochs = completed_epochs
         self.every_steps = every_steps
+        self.before_save = before_save  # records state kept beside the weights
         self._saved_step = None
 
     def save(self):
@@ -77,6 +106,7 @@ class CheckpointEveryNSteps(keras.callbacks.Callback):
         if not finite:
             raise TrainingDiverged("the weights are not finite", step, self.manager)
         self._saved_step = step
+        self.before_save()
         return self.manager.save(checkpoint_number=step)
 
     def on_train_batch_end(self, batch, logs=None):

@@ -27,9 +27,15 @@ def make_optimizer(train, learning_rate):
     return keras.optimizers.Adam(schedule, global_clipnorm=train["clip_norm"] or None)
 
 
-def training_checkpoint(model, optimizer, completed_epochs):
-    """The `tf.train.Checkpoint` that training saves and resumes from."""
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epochs=completed_epochs)
+def training_checkpoint(model, optimizer, completed_epochs, stream_positions=()):
+    """The `tf.train.Checkpoint` that training saves and resumes from: with the training
+    stream's position in each corpus (`stream_positions`), when given."""
+    checkpoint = tf.train.Checkpoint(
+        model=model,
+        optimizer=optimizer,
+        epochs=completed_epochs,
+        stream=tf.train.Checkpoint(**{f"corpus_{i}": p for i, p in enumerate(stream_positions)}),
+    )
     # Restoring would create the save counter, and under multi_worker creating a variable is a
     # collective op every worker must join; only the chief restores, so create it here.
     checkpoint.save_counter  # noqa: B018

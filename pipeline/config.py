@@ -54,6 +54,7 @@ def _rate(default):
 SCHEMA = {
     "data": {
         # Either aligned source/target files (plain or .gz) or one TSV of source<TAB>target.
+        # Training paths may be glob patterns of aligned shards (train-*.de.gz).
         "train_source": _path(),
         "train_target": _path(),
         "train_tsv": _path(),
@@ -63,6 +64,12 @@ SCHEMA = {
         "test_source": _path(),
         "test_target": _path(),
         "test_tsv": _path(),
+        # Several training corpora mixed on the stream: [{source, target} or {tsv}, weight].
+        "train_corpora": Field(list, None, nullable=True),
+        "skip_bad_lines": Field(bool, False),  # else an undecodable line stops training
+        "vocab_sample_size": _positive_int(1_000_000),  # sentences SentencePiece learns from
+        "source_vocabulary": _path(),  # an existing SentencePiece model instead of building one
+        "target_vocabulary": _path(),
         "source_vocab_size": _positive_int(8000),
         "target_vocab_size": _positive_int(8000),
         "subword_model": Field(str, "unigram", choices=("unigram", "bpe")),
@@ -160,6 +167,13 @@ SCHEMA = {
     },
 }
 EXPORT_FORMATS = ("saved_model", "onnx")
+# Data keys a resumed run may change: where the data is, not what the model learns from.
+RELOCATABLE_DATA_KEYS = (
+    "train_source", "train_target", "train_tsv", "valid_source", "valid_target", "valid_tsv",
+    "test_source", "test_target", "test_tsv", "train_corpora", "skip_bad_lines",
+    "vocab_sample_size", "source_vocabulary", "target_vocabulary",
+)  # fmt: skip
+CORPUS_KEYS = {"source", "target", "tsv", "weight"}
 
 
 def defaults():
@@ -187,7 +201,10 @@ def _check_value(name, field, value, where):
         except ValueError:
             pass
     if kind is int and isinstance(value, bool) or not isinstance(value, kind):
-        type_name = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+        type_name = {
+            int: "an integer", float: "a number", bool: "true or false", str: "a string",
+            list: "a list",
+        }  # fmt: skip
         raise UserError(f"{where}: {name} must be {type_name[kind]}, got {value!r}")
     if field.choices and value not in field.choices:
         choices = ", ".join(map(str, field.choices))
@@ -215,8 +232,42 @@ def _merge(config, overrides, where, base_dir):
             field = SCHEMA[section][key]
             value = _check_value(f"{section}.{key}", field, value, where)
             if field.path and value is not None:
-                value = str((base_dir / os.path.expanduser(value)).resolve())
+                value = _resolve(value, base_dir)
+            if key == "train_corpora" and value is not None:
+                value = _check_corpora(value, f"{where}: data.train_corpora", base_dir)
             config[section][key] = value
+
+
+def _resolve(path, base_dir):
+    return str((base_dir / os.path.expanduser(path)).resolve())
+
+
+def _check_corpora(corpora, where, base_dir):
+    """`[{source, target} or {tsv}, optional weight > 0]`, paths resolved against `base_dir`."""
+    if not corpora:
+        raise UserError(f"{where} must list at least one corpus")
+    checked = []
+    for number, corpus in enumerate(corpora, start=1):
+        here = f"{where}[{number}]"
+        if not isinstance(corpus, dict):
+            raise UserError(f"{here}: expected a mapping with source and target, or tsv")
+        unknown = set(corpus) - CORPUS_KEYS
+        if unknown:
+            raise _unknown(sorted(unknown)[0], CORPUS_KEYS, here)
+        if ("tsv" in corpus) == ("source" in corpus or "target" in corpus):
+            raise UserError(f"{here}: give either tsv or both source and target")
+        if "tsv" not in corpus and not ("source" in corpus and "target" in corpus):
+            missing = "target" if "source" in corpus else "source"
+            raise UserError(f"{here}: {missing} is missing")
+        entry = {"weight": _check_value("weight", Field(float, 1.0), corpus.get("weight", 1.0), here)}
+        if entry["weight"] <= 0:
+            raise UserError(f"{here}: weight must be positive, got {entry['weight']!r}")
+        for key in ("source", "target", "tsv"):
+            if key in corpus:
+                entry[key] = _resolve(_check_value(key, Field(str, None), corpus[key], here),
+                                      base_dir)  # fmt: skip
+        checked.append(entry)
+    return checked
 
 
 def parse_overrides(assignments):
@@ -248,8 +299,13 @@ def _check_consistency(config, where):
         if any(pair) and not all(pair):
             missing = f"data.{split}_{'target' if pair[0] else 'source'}"
             raise UserError(f"{where}: {missing} is missing")
-    if not (data["train_tsv"] or data["train_source"]):
+    given = [bool(data["train_tsv"] or data["train_source"]), bool(data["train_corpora"])]
+    if not any(given):
         raise UserError(f"{where}: no training data: set data.train_source and data.train_target")
+    if all(given):
+        raise UserError(
+            f"{where}: data.train_corpora replaces data.train_source/target/tsv; give one of them"
+        )
     if model["type"] == "transformer":
         _check_transformer(config, where)
     elif model["input_feeding"] and model["attention"] == "none":

@@ -1,8 +1,18 @@
-"""Reading parallel corpora: two aligned files, or one TSV, plain or gzip-compressed."""
+"""Parallel corpora: two aligned files, or one TSV, plain or gzip-compressed.
+
+Validation and test splits are small and read into memory. Training corpora may be any size:
+they are described by their files (glob patterns of shards, several corpora with weights),
+counted and checked in one streaming pass, and read as a stream by `pipeline.dataset`.
+"""
 
 import dataclasses
+import glob
 import gzip
+import re
+import zlib
 from pathlib import Path
+
+import numpy as np
 
 from pipeline.errors import UserError
 
@@ -74,3 +84,194 @@ def read_split(data_config, split):
     if data_config[f"{split}_source"]:
         return read_aligned(data_config[f"{split}_source"], data_config[f"{split}_target"])
     return None
+
+
+# Training corpora are streamed: described here by their files, read by `pipeline.dataset`.
+
+SCAN_CHUNK_BYTES = 1 << 20
+_LINE_WITHOUT_TAB = re.compile(rb"^[^\t\n]*$", re.MULTILINE)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """One file of a training corpus: aligned `source` and `target` files, or a TSV `source`
+    (`target` None), with its line count."""
+
+    source: str
+    target: str | None
+    lines: int
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingCorpus:
+    """A training corpus as files: its shards, its weight in the mix, its lines skipped as bad."""
+
+    name: str
+    shards: tuple
+    weight: float
+    bad_lines: int
+
+    @property
+    def lines(self):
+        return sum(shard.lines for shard in self.shards)
+
+    @property
+    def is_tsv(self):
+        return self.shards[0].target is None
+
+
+@dataclasses.dataclass
+class Reservoir:
+    """A uniform random sample of at most `size` lines of a stream (Algorithm R)."""
+
+    size: int
+    rng: np.random.Generator
+    seen: int = 0
+    lines: list = dataclasses.field(default_factory=list)
+
+    def add(self, lines):
+        fill = min(max(self.size - len(self.lines), 0), len(lines))
+        self.lines.extend(lines[:fill])
+        if fill < len(lines):  # each later line replaces a random slot with probability size/seen
+            positions = np.arange(self.seen + fill, self.seen + len(lines)) + 1
+            slots = (self.rng.random(len(positions)) * positions).astype(np.int64)
+            for index in np.flatnonzero(slots < self.size):
+                self.lines[slots[index]] = lines[fill + index]
+        self.seen += len(lines)
+
+
+def _complete_lines(path):
+    """Yields the file's bytes as blocks of whole lines (without the last newline)."""
+    rest = b""
+    try:
+        with _open_text(path) as handle:
+            while chunk := handle.read(SCAN_CHUNK_BYTES):
+                block, newline, tail = (rest + chunk).rpartition(b"\n")
+                if newline:
+                    yield block
+                rest = tail
+    except (OSError, EOFError, zlib.error, gzip.BadGzipFile) as error:
+        raise UserError(f"{path}: cannot read the file ({error})") from None
+    if rest:
+        yield rest
+
+
+def _bad_lines(block, tsv):
+    """Indices (within `block`) of the lines that are not UTF-8 or, in a TSV, have no tab."""
+    try:
+        block.decode("utf-8")
+        bad = set()
+    except UnicodeDecodeError:  # rare: find the lines, one by one
+        bad = set()
+        for index, line in enumerate(block.split(b"\n")):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                bad.add(index)
+    if tsv:
+        bad |= {block.count(b"\n", 0, m.start()) for m in _LINE_WITHOUT_TAB.finditer(block)}
+    return sorted(bad)
+
+
+def scan_file(path, tsv, skip_bad_lines, reservoirs=()):
+    """(lines, bad lines) of a training file in one streaming pass, feeding each line to the
+    `reservoirs` (one per TSV field, or one); a bad line is a `UserError` naming the file and
+    line unless `skip_bad_lines`."""
+    lines = bad_count = 0
+    for block in _complete_lines(path):
+        bad = _bad_lines(block, tsv)
+        if bad and not skip_bad_lines:
+            what = "no tab (expected source<TAB>target)" if tsv else "not valid UTF-8"
+            if tsv:
+                try:
+                    block.split(b"\n")[bad[0]].decode("utf-8")
+                except UnicodeDecodeError:
+                    what = "not valid UTF-8"
+            raise UserError(
+                f"{path}:{lines + bad[0] + 1}: {what}; fix the line or set "
+                "data.skip_bad_lines: true to skip such lines"
+            )
+        if reservoirs:
+            rows = block.split(b"\n")
+            if bad:
+                rows = [row for index, row in enumerate(rows) if index not in set(bad)]
+            fields = [row.split(b"\t") for row in rows] if tsv else [[row] for row in rows]
+            for column, reservoir in enumerate(reservoirs):
+                reservoir.add([field[column] for field in fields])
+        lines += block.count(b"\n") + 1
+        bad_count += len(bad)
+    if not lines:
+        raise UserError(f"{path}: the file is empty")
+    return lines, bad_count
+
+
+def _expand(pattern):
+    """The files a path or glob pattern names, sorted; none is a `UserError`."""
+    files = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+    if not files:
+        raise UserError(f"{pattern}: no file matches this pattern")
+    return files
+
+
+def _corpus_specs(data_config):
+    """`[{source, target} or {tsv}, weight]` of the configuration, one form or the other."""
+    if data_config["train_corpora"]:
+        return data_config["train_corpora"]
+    if data_config["train_tsv"]:
+        return [{"tsv": data_config["train_tsv"], "weight": 1.0}]
+    return [
+        {"source": data_config["train_source"], "target": data_config["train_target"],
+         "weight": 1.0}
+    ]  # fmt: skip
+
+
+def scan_training_corpora(data_config, sample_size=0, seed=0, log=print):
+    """The training corpora of the configuration as `TrainingCorpus`es, every file counted and
+    checked in one streaming pass (as `wc -l` costs), and a uniform random sample of at most
+    `sample_size` source and target sentences: `(corpora, source sample, target sample)`.
+
+    Aligned files must have equal line counts; a glob pattern on either side pairs the files
+    it matches in sorted order.
+    """
+    rng = np.random.default_rng(seed)
+    samples = (Reservoir(sample_size, rng), Reservoir(sample_size, rng)) if sample_size else ()
+    skip = data_config["skip_bad_lines"]
+    specs = _corpus_specs(data_config)
+    corpora = []
+    for spec in specs:
+        if "tsv" in spec:
+            name = spec["tsv"]
+            pairs = [(path, None) for path in _expand(spec["tsv"])]
+        else:
+            name = f"{spec['source']} + {spec['target']}"
+            sources, targets = _expand(spec["source"]), _expand(spec["target"])
+            if len(sources) != len(targets):
+                raise UserError(
+                    f"{spec['source']} matches {len(sources)} files but {spec['target']} "
+                    f"matches {len(targets)}: source and target shards must pair up"
+                )
+            pairs = list(zip(sources, targets))
+        shards, bad_lines = [], 0
+        for source, target in pairs:
+            if target is None:
+                lines, bad = scan_file(source, True, skip, samples)
+            else:
+                lines, bad = scan_file(source, False, skip, samples[:1])
+                target_lines, target_bad = scan_file(target, False, skip, samples[1:])
+                if lines != target_lines:
+                    raise UserError(
+                        f"{source} has {lines} lines but {target} has {target_lines}: "
+                        "source and target files must be aligned line by line"
+                    )
+                bad += target_bad
+            shards.append(Shard(source, target, lines))
+            bad_lines += bad
+        corpus = TrainingCorpus(name, tuple(shards), spec["weight"], bad_lines)
+        log(
+            f"train: {name}: {corpus.lines:,} lines in {len(shards)} file(s)"
+            + (f", {bad_lines} bad line(s) to skip" if bad_lines else "")
+            + (f", weight {spec['weight']:g}" if len(specs) > 1 else "")
+        )
+        corpora.append(corpus)
+    source_sample, target_sample = (r.lines for r in samples) if samples else ([], [])
+    return corpora, source_sample, target_sample

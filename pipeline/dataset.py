@@ -1,13 +1,24 @@
-"""Parallel corpora to `tf.data`: tokenised once, filtered, bucketed by length, shuffled."""
+"""Parallel corpora to `tf.data`: the training corpora as a stream, small splits in memory.
+
+Training pairs are streamed: files are read line by line (the order of a corpus' shard files
+reshuffled every pass), tokenised in a parallel map, filtered, mixed by corpus weight,
+shuffled in a bounded buffer and batched by length. Nothing of the corpus' size is held in
+memory, and the stream never ends: `fit` runs epochs of a fixed number of steps. Validation
+and test splits are tokenised once and kept in memory.
+"""
 
 import dataclasses
+import math
 
 import numpy as np
 import tensorflow as tf
 
 from pipeline.tokenizer import BOS_ID, EOS_ID
 
-TOKENIZE_CHUNK = 8192
+TOKENIZE_CHUNK = 8192  # sentences tokenised at once in memory
+STREAM_TOKENIZE_BATCH = 256  # lines tokenised at once on the stream
+ESTIMATE_SAMPLE = 10_000  # sampled sentences that estimate the batches in a pass
+COUNTS = ("read", "empty", "over-long", "bad")  # per corpus, of the lines a stream read
 
 
 @dataclasses.dataclass
@@ -31,20 +42,24 @@ def _tokenize_all(tokenizer, lines):
     return tf.concat(chunks, axis=0)
 
 
-def encode_corpus(corpus, source_tokenizer, target_tokenizer, data_config, name, log=print):
-    """Tokenises `corpus` and drops empty and over-long pairs, reporting how many.
-
-    A target is over-long when it needs more than `max_target_length` positions with its </s>.
-    """
-    source_ids = _tokenize_all(source_tokenizer, corpus.sources)
-    target_ids = _tokenize_all(target_tokenizer, corpus.targets)
-    source_lengths = source_ids.row_lengths().numpy()
-    target_lengths = target_ids.row_lengths().numpy()
+def _kept(source_lengths, target_lengths, data_config):
+    """(empty, over-long) masks: a target is over-long when it needs more than
+    `max_target_length` positions with its </s>."""
     empty = (source_lengths == 0) | (target_lengths == 0)
     too_long = ~empty & (
         (source_lengths > data_config["max_source_length"])
         | (target_lengths + 1 > data_config["max_target_length"])
     )
+    return empty, too_long
+
+
+def encode_corpus(corpus, source_tokenizer, target_tokenizer, data_config, name, log=print):
+    """Tokenises an in-memory `corpus` and drops empty and over-long pairs, reporting how many."""
+    source_ids = _tokenize_all(source_tokenizer, corpus.sources)
+    target_ids = _tokenize_all(target_tokenizer, corpus.targets)
+    source_lengths = source_ids.row_lengths().numpy()
+    target_lengths = target_ids.row_lengths().numpy()
+    empty, too_long = _kept(source_lengths, target_lengths, data_config)
     kept = np.flatnonzero(~empty & ~too_long)
     log(
         f"{name}: {len(corpus)} pairs from {corpus.origin}; kept {len(kept)}, dropped "
@@ -75,45 +90,40 @@ def bucket_boundaries(max_length, width):
     return list(range(width + 1, max_length + 1, width))
 
 
-def make_dataset(
-    encoded,
-    batch_size,
-    batch_tokens=None,
-    bucket_width=5,
-    max_length=100,
-    shuffle_buffer=None,
-    seed=None,
-    input_context=None,
-):
-    """A dataset of `({"source_ids", "target_input_ids"}, target_output_ids)` padded batches.
-
-    Pairs are grouped in buckets of similar length so that batches waste little padding.
-    Batches hold `batch_size` pairs, or with `batch_tokens` as many pairs as fit that many
-    tokens at the bucket's longest length. With `shuffle_buffer` the pairs are reshuffled every
-    epoch from `seed`. `batch_size` and `batch_tokens` are per replica: with a
-    `tf.distribute.InputContext`, each input pipeline reads its own shard of the pairs.
-    """
-    dataset = tf.data.Dataset.from_tensor_slices((encoded.source_ids, encoded.target_ids))
-    if input_context is not None:
-        dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-    dataset = dataset.map(_to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE).cache()
-    if shuffle_buffer:
-        dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+def _bucket_batch_sizes(batch_size, batch_tokens, bucket_width, max_length):
+    """Pairs per batch in each length bucket: `batch_size`, or as many as fit `batch_tokens`
+    at the bucket's longest length."""
     boundaries = bucket_boundaries(max_length, bucket_width)
-    if batch_tokens:
-        uppers = [b - 1 for b in boundaries] + [max_length]
-        sizes = [max(1, batch_tokens // upper) for upper in uppers]
-    else:
-        sizes = [batch_size] * (len(boundaries) + 1)
-    dataset = dataset.bucket_by_sequence_length(
+    if not batch_tokens:
+        return boundaries, [batch_size] * (len(boundaries) + 1)
+    uppers = [b - 1 for b in boundaries] + [max_length]
+    return boundaries, [max(1, batch_tokens // upper) for upper in uppers]
+
+
+def batch_by_length(pairs, batch_size, batch_tokens=None, bucket_width=5, max_length=100):
+    """`(source_ids, target_ids)` pairs -> `({"source_ids", "target_input_ids"},
+    target_output_ids)` padded batches of pairs of similar length (little padding wasted).
+
+    Batches hold `batch_size` pairs, or with `batch_tokens` as many pairs as fit that many
+    tokens at the bucket's longest length.
+    """
+    boundaries, sizes = _bucket_batch_sizes(batch_size, batch_tokens, bucket_width, max_length)
+    examples = pairs.map(_to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE)
+    return examples.bucket_by_sequence_length(
         _example_length, boundaries, sizes, drop_remainder=False
     )
-    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def make_dataset(encoded, batch_size, batch_tokens=None, bucket_width=5, max_length=100):
+    """The batches of an in-memory `EncodedCorpus` (validation, evaluation), in corpus order
+    within each length bucket."""
+    pairs = tf.data.Dataset.from_tensor_slices((encoded.source_ids, encoded.target_ids))
+    batches = batch_by_length(pairs.cache(), batch_size, batch_tokens, bucket_width, max_length)
+    return batches.prefetch(tf.data.AUTOTUNE)
 
 
 def count_batches(dataset):
-    """Batches in one pass over a finite dataset. Shuffling does not change the count: each
-    pair's length bucket is fixed."""
+    """Batches in one pass over a finite dataset."""
     return int(dataset.reduce(0, lambda count, _: count + 1))
 
 
@@ -121,3 +131,213 @@ def with_known_length(dataset):
     """The same finite dataset with its number of batches declared, so that Keras shows
     progress against it and ends each pass cleanly instead of warning that data ran out."""
     return dataset.apply(tf.data.experimental.assert_cardinality(count_batches(dataset)))
+
+
+# The training stream.
+
+
+class StreamCounters:
+    """What one input pipeline's stream has read from each corpus: lines read and dropped
+    (`COUNTS`), in variables its map updates, and where in each corpus' endless stream it
+    started. A corpus' position counts lines from the start of its first pass."""
+
+    def __init__(self, corpora, start):
+        self.corpora = corpora
+        self.start = list(start)
+        self.strides = [1] * len(corpora)  # lines of the stream per line read (line sharding)
+        self.counts = [
+            tf.Variable(tf.zeros(len(COUNTS), tf.int64), trainable=False) for _ in corpora
+        ]
+
+    def read(self):
+        """`[corpora, len(COUNTS)]` int64: what the stream has read so far."""
+        return np.stack([counts.numpy() for counts in self.counts])
+
+    def positions(self):
+        read = self.read()[:, 0]
+        return [s + int(r) * k for s, r, k in zip(self.start, read, self.strides)]
+
+    def summary(self):
+        """One line per corpus: pairs read and passes made, pairs kept and dropped."""
+        lines = []
+        for corpus, counts in zip(self.corpora, self.read()):
+            read, empty, too_long, bad = (int(c) for c in counts)
+            passes = read * self.strides[0] / max(corpus.lines, 1)
+            lines.append(
+                f"train stream: {corpus.name}: read {read:,} pairs ({passes:.2f} passes), kept "
+                f"{read - empty - too_long - bad:,}, dropped {empty:,} empty, {too_long:,} "
+                f"over-long" + (f", {bad:,} bad" if bad else "")
+            )
+        return lines
+
+
+def _pass_order(shard_count, seed, data_pass):
+    """The order of a corpus' shard files in pass `data_pass`: the same in eager and graph."""
+    return tf.random.experimental.stateless_shuffle(
+        tf.range(shard_count, dtype=tf.int64), seed=tf.stack([tf.cast(seed, tf.int64), data_pass])
+    )
+
+
+def _shard_lines(sources, targets):
+    """A function from a shard's index to its `(source line, target line)` dataset; a TSV's
+    lines come as `(line, "")`."""
+
+    def read(path):
+        compression = tf.where(tf.strings.regex_full_match(path, r".*\.gz"), "GZIP", "")
+        return tf.data.TextLineDataset(path, compression_type=compression)
+
+    def lines(index):
+        source = read(tf.gather(sources, index))
+        if targets is None:
+            return source.map(lambda line: (line, tf.constant("")))
+        return tf.data.Dataset.zip(source, read(tf.gather(targets, index)))
+
+    return lines
+
+
+def _corpus_lines(shards, start, seed):
+    """The endless line stream of `shards`, every pass in a new file order, from line `start`
+    of its first pass (whole files skipped unread)."""
+    sources = tf.constant([shard.source for shard in shards])
+    targets = None if shards[0].target is None else tf.constant([s.target for s in shards])
+    shard_lines = _shard_lines(sources, targets)
+    data_pass, offset = divmod(start, sum(shard.lines for shard in shards))
+    order = _pass_order(len(shards), seed, data_pass).numpy()
+    for position, index in enumerate(order):
+        if offset < shards[index].lines:
+            break
+        offset -= shards[index].lines
+    first_pass = shard_lines(index).skip(offset)
+    if position + 1 < len(order):
+        rest = tf.data.Dataset.from_tensor_slices(order[position + 1 :])
+        first_pass = first_pass.concatenate(rest.flat_map(shard_lines))
+
+    def whole_pass(number):
+        return tf.data.Dataset.from_tensor_slices(
+            _pass_order(len(shards), seed, number)
+        ).flat_map(shard_lines)
+
+    later = tf.data.Dataset.range(data_pass + 1, np.iinfo(np.int64).max).flat_map(whole_pass)
+    return first_pass.concatenate(later)
+
+
+def _is_utf8(lines):
+    return tf.equal(tf.strings.unicode_transcode(lines, "UTF-8", "UTF-8", errors="replace"), lines)
+
+
+def _encoder(source_tokenizer, target_tokenizer, data_config, counts, tsv):
+    """The map from a batch of lines to `(source ids, target ids, keep)`, counting what it reads
+    and drops into `counts`. Bad lines (already counted by the corpus scan) are dropped only
+    where `data.skip_bad_lines` lets the scan pass them."""
+    check = data_config["skip_bad_lines"]
+
+    def encode(source_lines, target_lines):
+        valid = tf.ones_like(source_lines, tf.bool)
+        if tsv:
+            line = source_lines
+            valid = tf.strings.regex_full_match(line, "[^\t]*\t.*")
+            source_lines = tf.strings.regex_replace(line, "\t.*", "")
+            target_lines = tf.strings.regex_replace(
+                tf.strings.regex_replace(line, "^[^\t]*\t", ""), "\t.*", ""
+            )
+        if check:
+            valid &= _is_utf8(source_lines) & _is_utf8(target_lines)
+        source = source_tokenizer.tokenize(tf.where(valid, source_lines, ""))
+        target = target_tokenizer.tokenize(tf.where(valid, target_lines, ""))
+        empty, too_long = _kept(source.row_lengths(), target.row_lengths(), data_config)
+        empty &= valid
+        dropped = [empty, too_long, ~valid]
+        counts.assign_add(
+            tf.stack(
+                [tf.size(valid, tf.int64)]
+                + [tf.reduce_sum(tf.cast(mask, tf.int64)) for mask in dropped]
+            )
+        )
+        return source, target, valid & ~empty & ~too_long
+
+    return encode
+
+
+def stream_training_pairs(
+    corpora, source_tokenizer, target_tokenizer, data_config, counters, seed, input_context=None
+):
+    """The endless, mixed stream of `(source_ids, target_ids)` training pairs, not yet shuffled.
+
+    Each corpus starts at `counters.start`. With several input pipelines (an
+    `InputContext`), a corpus with at least one shard file a pipeline reads only its own
+    files; a corpus with fewer files is read whole by every pipeline, which keeps every n-th
+    line. Returns the dataset and, per corpus, how it was sharded (for the log).
+    """
+    pipelines, pipeline = 1, 0
+    if input_context is not None:
+        pipelines, pipeline = input_context.num_input_pipelines, input_context.input_pipeline_id
+    streams, sharding = [], []
+    for number, corpus in enumerate(corpora):
+        shards = corpus.shards
+        if pipelines > 1 and len(shards) >= pipelines:
+            shards = shards[pipeline::pipelines]
+            sharding.append(f"{len(shards)} of its {len(corpus.shards)} files")
+        elif pipelines > 1:
+            counters.strides[number] = pipelines
+            sharding.append(f"1 line in {pipelines} (fewer files than input pipelines)")
+        lines = _corpus_lines(shards, counters.start[number], seed)
+        if counters.strides[number] > 1:
+            lines = lines.shard(pipelines, pipeline)
+        encode = _encoder(
+            source_tokenizer, target_tokenizer, data_config, counters.counts[number],
+            corpus.is_tsv,
+        )  # fmt: skip
+        pairs = (
+            lines.batch(STREAM_TOKENIZE_BATCH)
+            .map(encode, num_parallel_calls=tf.data.AUTOTUNE)
+            .unbatch()
+            .filter(lambda source, target, keep: keep)
+            .map(lambda source, target, keep: (source, target))
+        )
+        streams.append(pairs)
+    if len(streams) == 1:
+        return streams[0], sharding
+    weights = [corpus.weight for corpus in corpora]
+    mixed = tf.data.Dataset.sample_from_datasets(
+        streams, weights=[w / sum(weights) for w in weights], seed=seed
+    )
+    return mixed, sharding
+
+
+def make_training_stream(
+    corpora, source_tokenizer, target_tokenizer, data_config, batching, counters,
+    shuffle_buffer, seed, input_context=None,
+):  # fmt: skip
+    """Endless shuffled training batches (`batch_by_length`'s `batching` options, per
+    replica), and how each corpus is sharded across input pipelines."""
+    pairs, sharding = stream_training_pairs(
+        corpora, source_tokenizer, target_tokenizer, data_config, counters, seed, input_context
+    )
+    # A buffer larger than the corpus would only mix passes: the corpus' size shuffles fully.
+    lines = sum(corpus.lines for corpus in corpora)
+    pairs = pairs.shuffle(min(shuffle_buffer, lines), seed=seed)
+    return batch_by_length(pairs, **batching).prefetch(tf.data.AUTOTUNE), sharding
+
+
+def estimate_steps_per_pass(corpora, source_sample, target_sample, tokenizers, data_config,
+                            batching, replicas):  # fmt: skip
+    """Steps in one pass over the training corpora, estimated from sampled sentences: the
+    pairs kept and the batches their lengths need, so progress bars mean what they say."""
+    count = min(len(source_sample), len(target_sample))
+    if not count:  # nothing sampled: every line kept, full batches
+        lines = sum(corpus.lines - corpus.bad_lines for corpus in corpora)
+        return max(1, math.ceil(lines / batching["batch_size"] / replicas))
+    rng = np.random.default_rng(0)
+    chosen = rng.choice(count, size=min(count, ESTIMATE_SAMPLE), replace=False)
+    lengths = [
+        tokenizer.tokenize(tf.constant([sample[i] for i in chosen])).row_lengths().numpy()
+        for tokenizer, sample in zip(tokenizers, (source_sample, target_sample))
+    ]
+    empty, too_long = _kept(*lengths, data_config)
+    kept = ~empty & ~too_long
+    boundaries, sizes = _bucket_batch_sizes(**batching)
+    example_lengths = np.maximum(lengths[0], lengths[1] + 1)[kept]
+    batch_sizes = np.asarray(sizes)[np.searchsorted(boundaries, example_lengths, side="right")]
+    batches_per_line = float(np.sum(1.0 / batch_sizes)) / len(chosen)
+    lines = sum(corpus.lines - corpus.bad_lines for corpus in corpora)
+    return max(1, math.ceil(lines * batches_per_line / replicas))

@@ -25,10 +25,7 @@ SPECIAL_PIECES = {
 
 
 def train_sentencepiece(sentences, vocab_size, model_type, path):
-    """Trains a model on `sentences` and writes `path` (.model) and its `.vocab` text beside it.
-
-    Writes are atomic: a half-written vocabulary never sits under the final name.
-    """
+    """Trains a model on `sentences` and writes it to `path` (`write_sentencepiece`)."""
     model = io.BytesIO()
     try:
         sentencepiece.SentencePieceTrainer.train(
@@ -49,16 +46,19 @@ def train_sentencepiece(sentences, vocab_size, model_type, path):
         )
     except RuntimeError as error:
         raise UserError(f"cannot build the vocabulary {path}: {error}") from None
-    processor = sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
+    write_sentencepiece(model.getvalue(), path)
+
+
+def write_sentencepiece(model_proto, path):
+    """Writes a SentencePiece model to `path` (.model) and its `.vocab` text beside it,
+    atomically: a half-written vocabulary never sits under the final name."""
+    processor = sentencepiece.SentencePieceProcessor(model_proto=model_proto)
     vocab_text = "".join(
         f"{processor.id_to_piece(i)}\t{processor.get_score(i):g}\n"
         for i in range(processor.get_piece_size())
     )
     path = Path(path)
-    for target, payload in (
-        (path, model.getvalue()),
-        (path.with_suffix(".vocab"), vocab_text.encode()),
-    ):
+    for target, payload in ((path, model_proto), (path.with_suffix(".vocab"), vocab_text.encode())):
         tmp = target.with_name(target.name + ".tmp")
         tmp.write_bytes(payload)
         os.replace(tmp, target)
@@ -98,23 +98,56 @@ def vocabulary_paths(workdir):
     return vocab_dir / "source.model", vocab_dir / "target.model"
 
 
-def prepare_tokenizers(workdir, data_config, train_corpus, log=print):
-    """The source and target tokenizers of `workdir`, trained on first use, reused after."""
-    source_path, target_path = vocabulary_paths(workdir)
-    source_path.parent.mkdir(parents=True, exist_ok=True)
-    for path, sentences, size_key in (
-        (source_path, train_corpus.sources, "source_vocab_size"),
-        (target_path, train_corpus.targets, "target_vocab_size"),
-    ):
+SIDES = ("source", "target")
+
+
+def vocabularies_to_build(workdir, data_config):
+    """The sides ("source", "target") whose vocabulary is neither in `workdir` nor given."""
+    return [
+        side
+        for side, path in zip(SIDES, vocabulary_paths(workdir))
+        if not path.exists() and not data_config[f"{side}_vocabulary"]
+    ]
+
+
+def _sentences(sample):
+    """The non-blank sentences of a sample of raw lines (bytes)."""
+    for line in sample:
+        text = line.decode("utf-8", errors="replace").rstrip("\r")
+        if text.strip():
+            yield text
+
+
+def _adopt(given, path, log):
+    """Copies the SentencePiece model `given` to `path` (with its .vocab, made if absent)."""
+    model_proto = Tokenizer(given).model_proto  # refuses a model with other special ids
+    if path.exists():
+        if path.read_bytes() != model_proto:
+            raise UserError(
+                f"{path} differs from {given}: this work directory was trained with another "
+                "vocabulary; use a new --workdir"
+            )
+        return
+    log(f"Using the vocabulary {given}")
+    write_sentencepiece(model_proto, path)
+
+
+def prepare_tokenizers(workdir, data_config, samples, log=print):
+    """The source and target tokenizers of `workdir`: an existing SentencePiece model the
+    configuration names (copied in), or one trained on `samples[side]` (sampled raw lines) on
+    first use; reused after."""
+    paths = vocabulary_paths(workdir)
+    paths[0].parent.mkdir(parents=True, exist_ok=True)
+    for side, path in zip(SIDES, paths):
+        given = data_config[f"{side}_vocabulary"]
+        if given:
+            _adopt(given, path, log)
+            continue
         if path.exists():
             log(f"Reusing the vocabulary {path}")
             continue
-        size, kind = data_config[size_key], data_config["subword_model"]
-        log(f"Building a {size}-piece {kind} vocabulary: {path}")
-        train_sentencepiece(
-            (s for s in sentences if s.strip()),
-            data_config[size_key],
-            data_config["subword_model"],
-            path,
-        )
-    return Tokenizer(source_path), Tokenizer(target_path)
+        size, kind = data_config[f"{side}_vocab_size"], data_config["subword_model"]
+        log(f"Building a {size}-piece {kind} vocabulary from {len(samples[side]):,} sampled "
+            f"sentences: {path}")  # fmt: skip
+        train_sentencepiece(_sentences(samples[side]), size, kind, path)
+    return Tokenizer(paths[0]), Tokenizer(paths[1])

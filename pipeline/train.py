@@ -8,7 +8,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipeline.config import DEFAULT_CONFIG, load_config, parse_export_formats
+from pipeline.config import (
+    DEFAULT_CONFIG,
+    RELOCATABLE_DATA_KEYS,
+    load_config,
+    parse_export_formats,
+)
 from pipeline.distribution import EXIT_RESTART, WorkerLost, current_task
 from pipeline.errors import UserError, report_user_errors
 from pipeline.workdir import CONFIG_FILE
@@ -50,7 +55,7 @@ def _check_workdir(workdir, config):
     for section in ("data", "model"):
         changed = sorted(k for k in config[section] if config[section][k] != previous[section][k])
         if section == "data":  # paths may move; vocabulary and length settings may not
-            changed = [k for k in changed if not k.endswith(("_source", "_target", "_tsv"))]
+            changed = [k for k in changed if k not in RELOCATABLE_DATA_KEYS]
         if changed:
             keys = ", ".join(f"{section}.{k}" for k in changed)
             raise UserError(

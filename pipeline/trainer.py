@@ -1,13 +1,11 @@
 """One training run in a work directory: data, model, fit with checkpoints, test evaluation."""
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import os
 import shutil
 import time
-from collections.abc import Callable
 
 import keras
 import numpy as np
@@ -16,13 +14,21 @@ import tensorflow as tf
 from pipeline import callbacks as training_callbacks
 from pipeline.checkpoints import average_checkpoints, make_optimizer, training_checkpoint
 from pipeline.config import save_config
-from pipeline.corpus import read_split
-from pipeline.dataset import count_batches, encode_corpus, make_dataset, with_known_length
+from pipeline.corpus import read_split, scan_training_corpora
+from pipeline.dataset import (
+    ESTIMATE_SAMPLE,
+    StreamCounters,
+    encode_corpus,
+    estimate_steps_per_pass,
+    make_dataset,
+    make_training_stream,
+    with_known_length,
+)
 from pipeline.distribution import WorkerLost, current_task, make_strategy, take_chiefs_state
 from pipeline.errors import UserError, first_line
 from pipeline.evaluation import score_translations
 from pipeline.model_builder import build_model
-from pipeline.tokenizer import prepare_tokenizers
+from pipeline.tokenizer import prepare_tokenizers, vocabularies_to_build
 from pipeline.translation import SearchOptions, Translator
 from pipeline.workdir import (
     CHECKPOINT_DIR,
@@ -36,56 +42,77 @@ from pipeline.workdir import (
 )
 
 
-@dataclasses.dataclass
-class TrainingData:
-    """`make(skip)`: the dataset for `fit`, `skip` steps into an epoch; `steps_per_epoch`;
-    `repeats`: whether the data repeats (so `fit` must be told the steps of each epoch)."""
+class TrainingStream:
+    """The training batches of this run: an endless stream per input pipeline, and where it
+    stands in each corpus, so that checkpoints record it and a resumed run continues there.
 
-    make: Callable
-    steps_per_epoch: int
-    repeats: bool
+    `positions` (variables in the checkpoint) count, per corpus, the lines read since the
+    start of the first pass. A restarted stream continues from the last lines read; pairs that
+    were still waiting in the shuffle buffer (at most `train.shuffle_buffer`) are not replayed.
+    """
+
+    def __init__(self, config, corpora, tokenizers, strategy, positions, log):
+        self.config, self.corpora, self.tokenizers = config, corpora, tokenizers
+        self.strategy, self.positions, self.log = strategy, positions, log
+        self.counters = None
+
+    def current_positions(self):
+        if self.counters is None:
+            return [int(position.numpy()) for position in self.positions]
+        return self.counters.positions()
+
+    def record(self):
+        """Copies the stream's positions into the checkpointed variables."""
+        for variable, position in zip(self.positions, self.current_positions(), strict=True):
+            variable.assign(position)
+
+    def start(self, step):
+        """A new stream from the current positions; `step` varies the shuffling seed."""
+        data, train = self.config["data"], self.config["train"]
+        self.counters = StreamCounters(self.corpora, self.current_positions())
+        for corpus, position in zip(self.corpora, self.counters.start):
+            if position:
+                data_pass, line = divmod(position, corpus.lines)
+                self.log(f"Training stream: {corpus.name} continues at line {line + 1:,} of "
+                         f"pass {data_pass + 1}")  # fmt: skip
+        batching = dict(
+            batch_size=train["batch_size"],  # per replica
+            batch_tokens=train["batch_tokens"],
+            bucket_width=train["bucket_width"],
+            max_length=max(data["max_source_length"], data["max_target_length"]),
+        )
+        seed = (train["seed"] * 1_000_003 + step) % 2**31
+
+        def per_pipeline(context=None):
+            dataset, sharding = make_training_stream(
+                self.corpora, *self.tokenizers, data, batching, self.counters,
+                train["shuffle_buffer"], seed, context,
+            )  # fmt: skip
+            for corpus, how in zip(self.corpora, sharding):
+                self.log(f"Input pipeline {context.input_pipeline_id}: {corpus.name}: {how}")
+            return dataset
+
+        if self.config["distribute"]["strategy"] == "default":
+            return per_pipeline()
+        return self.strategy.distribute_datasets_from_function(per_pipeline)
 
 
-def _datasets(config, corpora, source_tokenizer, target_tokenizer, strategy, log):
+def _validation_data(config, corpus, tokenizers, log):
+    if corpus is None:
+        return None
     data, train = config["data"], config["train"]
-
-    def encoded(split):
-        return encode_corpus(corpora[split], source_tokenizer, target_tokenizer, data, split, log)
-
-    batching = dict(
-        batch_size=train["batch_size"],  # per replica
-        batch_tokens=train["batch_tokens"],
-        bucket_width=train["bucket_width"],
-        max_length=max(data["max_source_length"], data["max_target_length"]),
+    encoded = encode_corpus(corpus, *tokenizers, data, "valid", log)
+    if not len(encoded):
+        return None
+    return with_known_length(
+        make_dataset(
+            encoded,
+            batch_size=train["batch_size"],
+            batch_tokens=train["batch_tokens"],
+            bucket_width=train["bucket_width"],
+            max_length=max(data["max_source_length"], data["max_target_length"]),
+        )
     )
-    train_set = encoded("train")
-    if not len(train_set):
-        raise UserError(f"{corpora['train'].origin}: no usable training pairs")
-    shuffling = dict(shuffle_buffer=train["shuffle_buffer"], seed=train["seed"])
-    valid_data = None
-    if corpora["valid"]:
-        valid_data = with_known_length(make_dataset(encoded("valid"), **batching))
-    if config["distribute"]["strategy"] == "default":
-        whole = with_known_length(make_dataset(train_set, **shuffling, **batching))
-        steps = train["steps_per_epoch"] or int(whole.cardinality())
-        repeats = bool(train["steps_per_epoch"])  # fixed-step epochs run across data epochs
-        if repeats:
-            whole = whole.repeat()
-        return TrainingData(lambda skip: whole.skip(skip), steps, repeats), valid_data
-
-    # Each input pipeline (one a worker) reads its shard and feeds its replicas in turn.
-    batches = count_batches(make_dataset(train_set, **batching))
-    steps = train["steps_per_epoch"] or max(1, batches // strategy.num_replicas_in_sync)
-
-    def make(skip):
-        def per_pipeline(context):
-            replicas_here = context.num_replicas_in_sync // context.num_input_pipelines
-            dataset = make_dataset(train_set, **shuffling, **batching, input_context=context)
-            return dataset.repeat().skip(skip * replicas_here)
-
-        return strategy.distribute_datasets_from_function(per_pipeline)
-
-    return TrainingData(make, steps, repeats=True), valid_data
 
 
 def _restore(checkpoint, manager):
@@ -103,36 +130,36 @@ def _restore(checkpoint, manager):
     return True
 
 
-def _remaining_work(training, epochs, completed_epochs, step, log):
-    """(data, first epoch, end epoch, steps per epoch or None) for each `fit` still to run.
+def _remaining_work(steps_per_epoch, epochs, completed_epochs, step, log):
+    """(first epoch, end epoch, steps per epoch) for each `fit` still to run.
 
-    A run stopped mid-epoch resumes with the rest of that epoch only (skipping the batches
-    it had done), so that a kill loses at most the steps since the last checkpoint.
+    A run stopped mid-epoch resumes with the rest of that epoch only, so that a kill loses at
+    most the steps since the last checkpoint and epochs keep their length.
     """
     if completed_epochs >= epochs:
         return []
-    per_epoch = training.steps_per_epoch
-    whole_epochs = per_epoch if training.repeats else None
-    done = step - completed_epochs * per_epoch
-    if not 0 < done < per_epoch:
-        return [(training.make(0), completed_epochs, epochs, whole_epochs)]
-    log(f"Finishing epoch {completed_epochs + 1}: {per_epoch - done} steps left")
-    work = [(training.make(done), completed_epochs, completed_epochs + 1, per_epoch - done)]
+    done = step - completed_epochs * steps_per_epoch
+    if not 0 < done < steps_per_epoch:
+        return [(completed_epochs, epochs, steps_per_epoch)]
+    log(f"Finishing epoch {completed_epochs + 1}: {steps_per_epoch - done} steps left")
+    work = [(completed_epochs, completed_epochs + 1, steps_per_epoch - done)]
     if completed_epochs + 1 < epochs:
-        work.append((training.make(0), completed_epochs + 1, epochs, whole_epochs))
+        work.append((completed_epochs + 1, epochs, steps_per_epoch))
     return work
 
 
 def _callbacks(config, workdir, task, manager, completed_epochs, translator, corpora, has_valid,
-               log):  # fmt: skip
+               stream, started, log):  # fmt: skip
     train = config["train"]
     checkpointer = training_callbacks.CheckpointEveryNSteps(
-        manager, completed_epochs, train["checkpoint_every_steps"]
+        manager, completed_epochs, train["checkpoint_every_steps"], before_save=stream.record
     )
     callbacks = [
+        training_callbacks.FirstStepTime(started, log),
         training_callbacks.StopOnNonFiniteLoss(manager),  # before any checkpoint of the step
         training_callbacks.TargetTokensPerSecond(),
         checkpointer,
+        training_callbacks.ReportAtEpochEnd(lambda: stream.counters.summary(), log),
     ]
     if train["bleu_every_epochs"] and task.is_chief:
         sources = corpora["valid"].sources[: train["bleu_subset"]]
@@ -174,6 +201,7 @@ def run(config, workdir, log=print):
     Under a multi-worker strategy every worker calls this; only the chief writes to
     `workdir`, the others to their scratch folders (see `pipeline.distribution`).
     """
+    started = time.perf_counter()
     train = config["train"]
     strategy = make_strategy(config["distribute"])  # before any TensorFlow op
     task = current_task(config["distribute"])
@@ -189,13 +217,29 @@ def run(config, workdir, log=print):
         f"{train['batch_size'] * replicas} global; learning rate {learning_rate:g}"
     )
     keras.utils.set_random_seed(train["seed"])
-    corpora = {split: read_split(config["data"], split) for split in ("train", "valid", "test")}
-    source_tokenizer, target_tokenizer = prepare_tokenizers(
-        output, config["data"], corpora["train"], log
+    data = config["data"]
+    building = vocabularies_to_build(output, data)
+    training_corpora, source_sample, target_sample = scan_training_corpora(
+        data, data["vocab_sample_size"] if building else ESTIMATE_SAMPLE, train["seed"], log
     )
+    corpora = {split: read_split(data, split) for split in ("valid", "test")}
+    tokenizers = prepare_tokenizers(
+        output, data, {"source": source_sample, "target": target_sample}, log
+    )
+    source_tokenizer, target_tokenizer = tokenizers
     log(f"Vocabularies: {source_tokenizer.vocab_size} source, {target_tokenizer.vocab_size} target")
-    training, valid_data = _datasets(
-        config, corpora, source_tokenizer, target_tokenizer, strategy, log
+    valid_data = _validation_data(config, corpora["valid"], tokenizers, log)
+    steps_per_epoch = train["steps_per_epoch"] or estimate_steps_per_pass(
+        training_corpora, source_sample, target_sample, tokenizers, data,
+        dict(batch_size=train["batch_size"], batch_tokens=train["batch_tokens"],
+             bucket_width=train["bucket_width"],
+             max_length=max(data["max_source_length"], data["max_target_length"])),
+        replicas,
+    )  # fmt: skip
+    del source_sample, target_sample
+    log(
+        f"Epochs of {steps_per_epoch:,} steps"
+        + ("" if train["steps_per_epoch"] else " (about one pass over the training data)")
     )
 
     with strategy.scope():
@@ -204,15 +248,17 @@ def run(config, workdir, log=print):
         model.compile(optimizer=optimizer, jit_compile=train["jit_compile"])
         optimizer.build(model.trainable_variables)  # now, so that replicas need no sample batch
         completed_epochs = tf.Variable(0, dtype=tf.int64, trainable=False)
-        checkpoint = training_checkpoint(model, optimizer, completed_epochs)
+        positions = [tf.Variable(0, dtype=tf.int64, trainable=False) for _ in training_corpora]
+        checkpoint = training_checkpoint(model, optimizer, completed_epochs, positions)
         manager = tf.train.CheckpointManager(
             checkpoint, str(output / CHECKPOINT_DIR), max_to_keep=train["keep_checkpoints"]
         )
         # Workers other than the chief take the chief's state rather than read their own.
         restored = task.is_chief and _restore(checkpoint, manager)
         take_chiefs_state(
-            strategy, [*model.weights, *optimizer.variables, completed_epochs], task.is_chief
-        )
+            strategy, [*model.weights, *optimizer.variables, completed_epochs, *positions],
+            task.is_chief,
+        )  # fmt: skip
     log(f"Model: {model.count_params():,} parameters")
     step = int(optimizer.iterations.numpy())
     if step:
@@ -228,20 +274,21 @@ def run(config, workdir, log=print):
         SearchOptions.from_config(config["decode"]),
         config["decode"]["batch_size"],
     )
+    stream = TrainingStream(config, training_corpora, tokenizers, strategy, positions, log)
     callbacks = _callbacks(
         config, workdir, task, manager, completed_epochs, translator, corpora,
-        valid_data is not None, log,
+        valid_data is not None, stream, started, log,
     )  # fmt: skip
 
     start = time.perf_counter()
     history = {}
     try:
-        for data, first_epoch, end_epoch, steps in _remaining_work(
-            training, train["epochs"], int(completed_epochs.numpy()),
+        for first_epoch, end_epoch, steps in _remaining_work(
+            steps_per_epoch, train["epochs"], int(completed_epochs.numpy()),
             int(optimizer.iterations.numpy()), log,
         ):  # fmt: skip
             fitted = model.fit(
-                data,
+                stream.start(int(optimizer.iterations.numpy())),
                 epochs=end_epoch,
                 initial_epoch=first_epoch,
                 steps_per_epoch=steps,

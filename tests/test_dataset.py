@@ -1,24 +1,37 @@
-"""tf.data pipeline: filtering, shifted targets, bucketing, seeded shuffling, sharding."""
+"""tf.data: in-memory splits (filtering, shifted targets, bucketing) and the training stream
+(shards over input pipelines, weighted mixing, resuming at a position, bad lines, bounded
+memory)."""
+
+import gzip
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from pipeline.corpus import ParallelCorpus
-from pipeline.dataset import bucket_boundaries, encode_corpus, make_dataset, with_known_length
+from pipeline.corpus import ParallelCorpus, scan_training_corpora
+from pipeline.dataset import (
+    StreamCounters,
+    bucket_boundaries,
+    encode_corpus,
+    make_dataset,
+    make_training_stream,
+    stream_training_pairs,
+    with_known_length,
+)
 from pipeline.tokenizer import BOS_ID, EOS_ID, Tokenizer, train_sentencepiece
 
 WORDS = (
     "der die das ein eine hund katze mann frau kind läuft springt sitzt im park auf dem gras"
 ).split()
+DIGITS = "null eins zwei drei vier fünf sechs sieben acht neun".split()
 
 
 @pytest.fixture(scope="module")
 def vocabulary(tmp_path_factory):
     rng = np.random.default_rng(0)
-    sentences = [" ".join(rng.choice(WORDS, size=rng.integers(2, 12))) for _ in range(400)]
+    sentences = [" ".join(rng.choice(WORDS + DIGITS, size=rng.integers(2, 12))) for _ in range(800)]
     path = tmp_path_factory.mktemp("vocab") / "sp.model"
-    train_sentencepiece(sentences, 60, "unigram", path)
+    train_sentencepiece(sentences, 80, "unigram", path)
     return path
 
 
@@ -38,11 +51,11 @@ def corpus():
     return ParallelCorpus(sources, targets, "memory")
 
 
-DATA = {"max_source_length": 60, "max_target_length": 60}
+DATA = {"max_source_length": 60, "max_target_length": 60, "skip_bad_lines": False}
 
 
 def test_vocabulary_files_and_special_ids(tokenizer):
-    assert 4 < tokenizer.vocab_size <= 60  # a small corpus may support fewer pieces
+    assert 4 < tokenizer.vocab_size <= 80  # a small corpus may support fewer pieces
     vocab = tokenizer.model_path.with_suffix(".vocab").read_text(encoding="utf-8").splitlines()
     assert [line.split("\t")[0] for line in vocab[:4]] == ["<pad>", "<unk>", "<s>", "</s>"]
     ids = tokenizer.tokenize(tf.constant(["der hund läuft im park"]))
@@ -78,6 +91,7 @@ def test_targets_are_shifted_and_bucketed(tokenizer, corpus):
         assert len(set(bucket)) == 1, "a batch mixes length buckets"
         seen += len(labels)
     assert seen == len(encoded)
+    assert int(with_known_length(make_dataset(encoded, 16)).cardinality()) > 0
 
 
 def test_batching_by_tokens_bounds_the_padded_size(tokenizer, corpus):
@@ -89,49 +103,146 @@ def test_batching_by_tokens_bounds_the_padded_size(tokenizer, corpus):
         assert labels.shape[0] * length <= 120 or labels.shape[0] == 1
 
 
-def _first_sources(dataset):
-    inputs, _ = next(iter(dataset))
-    return inputs["source_ids"].numpy()
+# The training stream.
 
 
-def test_shuffling_is_seeded(tokenizer, corpus):
-    encoded = encode_corpus(corpus, tokenizer, tokenizer, DATA, "train", lambda _: None)
-
-    def make(seed):
-        return make_dataset(
-            encoded, batch_size=300, bucket_width=100, max_length=60, shuffle_buffer=300, seed=seed
-        )
-
-    np.testing.assert_array_equal(_first_sources(make(7)), _first_sources(make(7)))
-    assert not np.array_equal(_first_sources(make(7)), _first_sources(make(8)))
+def number_words(number):
+    return " ".join(DIGITS[int(d)] for d in str(number))
 
 
-def test_each_input_pipeline_reads_its_own_shard(tokenizer, corpus):
-    encoded = encode_corpus(corpus, tokenizer, tokenizer, DATA, "train", lambda _: None)
-    rows = []
-    for pipeline_id in range(2):
-        context = tf.distribute.InputContext(
-            num_input_pipelines=2, input_pipeline_id=pipeline_id, num_replicas_in_sync=2
-        )
-        dataset = make_dataset(
-            encoded, batch_size=16, bucket_width=100, max_length=60, input_context=context
-        )
-        shard = [
-            tuple(row[row != 0]) for inputs, _ in dataset for row in inputs["source_ids"].numpy()
-        ]
-        assert max(len(inputs["source_ids"]) for inputs, _ in dataset) == 16  # per replica
-        rows.append(shard)
-    assert len(rows[0]) + len(rows[1]) == len(encoded)
-    assert abs(len(rows[0]) - len(rows[1])) <= 1
+def write_shards(directory, first, counts, prefix="train"):
+    """Aligned gzip shards of pairs `("<number>", "der <number>")`, numbered from `first`."""
+    number = first
+    for index, count in enumerate(counts):
+        lines = [number_words(n) for n in range(number, number + count)]
+        number += count
+        for side, text in (("src", lines), ("tgt", [f"der {line}" for line in lines])):
+            with gzip.open(directory / f"{prefix}-{index:02d}.{side}.gz", "wt") as handle:
+                handle.write("".join(line + "\n" for line in text))
 
 
-def test_the_declared_length_holds_for_every_shuffled_epoch(tokenizer, corpus):
-    encoded = encode_corpus(corpus, tokenizer, tokenizer, DATA, "train", lambda _: None)
-    dataset = with_known_length(
-        make_dataset(
-            encoded, batch_size=16, bucket_width=3, max_length=60, shuffle_buffer=300, seed=1
-        )
+def data_config(**paths):
+    return {
+        **DATA, "train_corpora": None, "train_tsv": None, "train_source": None,
+        "train_target": None, **paths,
+    }  # fmt: skip
+
+
+def numbers_of(pairs, tokenizer, count):
+    """The numbers of the first `count` pairs of a stream, checking source and target agree."""
+    numbers = []
+    for source, target in pairs.take(count):
+        source, target = (tokenizer.detokenize(ids[None]).numpy()[0].decode() for ids in (source, target))
+        assert target == f"der {source}"
+        numbers.append(int("".join(str(DIGITS.index(w)) for w in source.split())))
+    return numbers
+
+
+def shard_config(tmp_path, counts):
+    write_shards(tmp_path, 0, counts)
+    return data_config(
+        train_source=str(tmp_path / "train-*.src.gz"), train_target=str(tmp_path / "train-*.tgt.gz")
     )
-    declared = int(dataset.cardinality())
-    assert declared > 0
-    assert [sum(1 for _ in dataset) for _ in range(3)] == [declared] * 3
+
+
+@pytest.mark.parametrize("counts", [[90, 60, 120, 45, 75], [390]])
+def test_two_input_pipelines_read_every_pair_once_per_pass(tmp_path, tokenizer, counts):
+    """File-level sharding with enough files, line-level with fewer files than pipelines."""
+    data = shard_config(tmp_path, counts)
+    corpora, _, _ = scan_training_corpora(data, log=lambda _: None)
+    read = []
+    for pipeline in range(2):
+        context = tf.distribute.InputContext(2, pipeline, 2)
+        counters = StreamCounters(corpora, [0])
+        pairs, sharding = stream_training_pairs(
+            corpora, tokenizer, tokenizer, data, counters, seed=3, input_context=context
+        )
+        mine = sum(corpora[0].shards[i].lines for i in range(pipeline, len(counts), 2))
+        if len(counts) == 1:
+            assert sharding == ["1 line in 2 (fewer files than input pipelines)"]
+            mine = (counts[0] + 1 - pipeline) // 2
+        else:
+            assert sharding == [f"{(len(counts) + 1 - pipeline) // 2} of its 5 files"]
+        # Two passes: each holds this pipeline's pairs once, in a new file order.
+        numbers = numbers_of(pairs, tokenizer, 2 * mine)
+        first, second = numbers[:mine], numbers[mine:]
+        assert sorted(first) == sorted(second) and len(set(first)) == mine, pipeline
+        read.extend(first)
+    assert sorted(read) == list(range(sum(counts)))
+
+
+def test_weighted_mixing_follows_the_weights(tmp_path, tokenizer):
+    write_shards(tmp_path, 0, [200], prefix="a")
+    with open(tmp_path / "b.tsv", "w") as handle:  # the TSV form, numbers from 1000
+        handle.write("".join(f"{number_words(n)}\tder {number_words(n)}\n" for n in range(1000, 1300)))
+    data = data_config(train_corpora=[
+        {"source": str(tmp_path / "a-*.src.gz"), "target": str(tmp_path / "a-*.tgt.gz"), "weight": 3},
+        {"tsv": str(tmp_path / "b.tsv"), "weight": 1.0},
+    ])  # fmt: skip
+    corpora, _, _ = scan_training_corpora(data, log=lambda _: None)
+    counters = StreamCounters(corpora, [0, 0])
+    pairs, _ = stream_training_pairs(corpora, tokenizer, tokenizer, data, counters, seed=5)
+    numbers = numbers_of(pairs, tokenizer, 3000)
+    share = np.mean(np.asarray(numbers) < 1000)
+    # 3:1 weights: 0.75, with a binomial standard deviation of 0.008 over 3,000 draws.
+    assert abs(share - 0.75) < 0.03, share
+
+
+def test_a_stream_continues_at_its_position_without_reading_what_came_before(tmp_path, tokenizer):
+    data = shard_config(tmp_path, [300, 200, 250])
+    corpora, _, _ = scan_training_corpora(data, log=lambda _: None)
+    total = corpora[0].lines
+    whole, _ = stream_training_pairs(corpora, tokenizer, tokenizer, data, StreamCounters(corpora, [0]), seed=9)
+    reference = numbers_of(whole, tokenizer, 4 * total)
+    start = 3 * total - 20  # 20 lines before the end of the third pass
+    counters = StreamCounters(corpora, [start])
+    resumed, _ = stream_training_pairs(corpora, tokenizer, tokenizer, data, counters, seed=9)
+    assert numbers_of(resumed, tokenizer, 100) == reference[start : start + 100]
+    # Read from its position (the map reads a few batches ahead), not replayed from the start.
+    assert counters.read()[0, 0] < 2 * total
+    assert counters.positions()[0] == start + counters.read()[0, 0]
+
+
+def test_bad_lines_are_skipped_and_counted_on_the_stream(tmp_path, tokenizer):
+    write_shards(tmp_path, 0, [500])
+    source = tmp_path / "train-00.src.gz"
+    lines = gzip.open(source).read().split(b"\n")
+    lines[250] = b"drei \xff\xfe vier"
+    source.write_bytes(gzip.compress(b"\n".join(lines)))
+    data = {**shard_config(tmp_path, []), "skip_bad_lines": True}
+    data["train_source"], data["train_target"] = str(source), str(tmp_path / "train-00.tgt.gz")
+    corpora, _, _ = scan_training_corpora(data, log=lambda _: None)
+    assert corpora[0].bad_lines == 1
+    counters = StreamCounters(corpora, [0])
+    pairs, _ = stream_training_pairs(corpora, tokenizer, tokenizer, data, counters, seed=1)
+    numbers = numbers_of(pairs, tokenizer, 499)
+    assert 250 not in numbers and len(set(numbers)) == 499
+    assert counters.read()[0, 3] >= 1  # the bad line, counted as it went by
+
+
+def stream_graph_constants(directory, tokenizer, lines):
+    directory.mkdir()
+    data = shard_config(directory, [lines])
+    corpora, _, _ = scan_training_corpora(data, log=lambda _: None)
+    batching = dict(batch_size=8, batch_tokens=None, bucket_width=5, max_length=60)
+    dataset, _ = make_training_stream(
+        corpora, tokenizer, tokenizer, data, batching, StreamCounters(corpora, [0]), 64, seed=1
+    )
+    graph = tf.compat.v1.GraphDef.FromString(dataset._as_serialized_graph().numpy())
+    functions = [node for f in graph.library.function for node in f.node_def]
+    return [
+        node.attr["value"].tensor.ByteSize()
+        for node in [*graph.node, *functions]
+        if node.op == "Const"
+    ], {node.op for node in graph.node}
+
+
+def test_nothing_of_the_corpus_size_is_held(tmp_path, tokenizer):
+    """The stream's graph holds file names, the tokenizer and small constants, whatever the
+    corpus size: no line, token or index of it (no in-memory slices, no cache)."""
+    small, ops = stream_graph_constants(tmp_path / "small", tokenizer, 200)
+    large, _ = stream_graph_constants(tmp_path / "large", tokenizer, 20_000)
+    assert sorted(small) == sorted(large)
+    assert "CacheDatasetV2" not in ops
+    tokenizer_bytes = tokenizer.model_path.stat().st_size
+    assert max(size for size in large if size < tokenizer_bytes) < 1024
