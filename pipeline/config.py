@@ -259,7 +259,9 @@ def _check_corpora(corpora, where, base_dir):
         if "tsv" not in corpus and not ("source" in corpus and "target" in corpus):
             missing = "target" if "source" in corpus else "source"
             raise UserError(f"{here}: {missing} is missing")
-        entry = {"weight": _check_value("weight", Field(float, 1.0), corpus.get("weight", 1.0), here)}
+        entry = {
+            "weight": _check_value("weight", Field(float, 1.0), corpus.get("weight", 1.0), here)
+        }
         if entry["weight"] <= 0:
             raise UserError(f"{here}: weight must be positive, got {entry['weight']!r}")
         for key in ("source", "target", "tsv"):

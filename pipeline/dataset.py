@@ -203,19 +203,19 @@ def _corpus_lines(shards, start, seed):
     shard_lines = _shard_lines(sources, targets)
     data_pass, offset = divmod(start, sum(shard.lines for shard in shards))
     order = _pass_order(len(shards), seed, data_pass).numpy()
-    for position, index in enumerate(order):
-        if offset < shards[index].lines:
-            break
-        offset -= shards[index].lines
+    lengths = np.array([shards[index].lines for index in order])
+    position = int(np.searchsorted(np.cumsum(lengths), offset, side="right"))  # the file
+    offset -= int(lengths[:position].sum())
+    index = order[position]
     first_pass = shard_lines(index).skip(offset)
     if position + 1 < len(order):
         rest = tf.data.Dataset.from_tensor_slices(order[position + 1 :])
         first_pass = first_pass.concatenate(rest.flat_map(shard_lines))
 
     def whole_pass(number):
-        return tf.data.Dataset.from_tensor_slices(
-            _pass_order(len(shards), seed, number)
-        ).flat_map(shard_lines)
+        return tf.data.Dataset.from_tensor_slices(_pass_order(len(shards), seed, number)).flat_map(
+            shard_lines
+        )
 
     later = tf.data.Dataset.range(data_pass + 1, np.iinfo(np.int64).max).flat_map(whole_pass)
     return first_pass.concatenate(later)

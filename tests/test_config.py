@@ -70,6 +70,23 @@ def test_paths_resolve_against_the_config_file(tmp_path):
             "export.formats must be a comma-separated subset of saved_model, onnx",
         ),
         (MINIMAL + "export:\n  onnx_opset: 19\n", "export.onnx_opset must be at most 18"),
+        (MINIMAL + "  train_corpora: [{tsv: a.tsv}]\n", "data.train_corpora replaces"),
+        ("data:\n  train_corpora: a.tsv\n", "data.train_corpora must be a list"),
+        ("data:\n  train_corpora: []\n", "data.train_corpora must list at least one corpus"),
+        ("data:\n  train_corpora: [{source: a.de}]\n", "data.train_corpora[1]: target is missing"),
+        (
+            "data:\n  train_corpora: [{tsv: a.tsv}, {tsv: b.tsv, source: b.de}]\n",
+            "data.train_corpora[2]: give either tsv or both source and target",
+        ),
+        (
+            "data:\n  train_corpora: [{tsv: a.tsv, wieght: 2}]\n",
+            "data.train_corpora[1]: unknown key 'wieght' (did you mean 'weight'?)",
+        ),
+        (
+            "data:\n  train_corpora: [{tsv: a.tsv, weight: 0}]\n",
+            "data.train_corpora[1]: weight must be positive",
+        ),
+        (MINIMAL + "  vocab_sample_size: 0\n", "data.vocab_sample_size must be at least 1"),
     ],
 )
 def test_bad_configs_name_the_key_and_the_file(tmp_path, text, message):
@@ -78,6 +95,17 @@ def test_bad_configs_name_the_key_and_the_file(tmp_path, text, message):
         load_config(path)
     assert message in str(error.value)
     assert str(path) in str(error.value) or "--set" in str(error.value)
+
+
+def test_corpora_paths_and_weights(tmp_path):
+    text = "data:\n  train_corpora:\n    - {source: 'x/*.de.gz', target: 'x/*.en.gz'}\n" \
+        "    - {tsv: in-domain.tsv, weight: 3}\n"  # fmt: skip
+    corpora = load_config(write(tmp_path, text))["data"]["train_corpora"]
+    assert corpora == [
+        {"weight": 1.0, "source": str(tmp_path / "x/*.de.gz"),
+         "target": str(tmp_path / "x/*.en.gz")},
+        {"weight": 3.0, "tsv": str(tmp_path / "in-domain.tsv")},
+    ]  # fmt: skip
 
 
 def test_missing_config_file(tmp_path):

@@ -1,10 +1,12 @@
 """Corpus reading: aligned files, TSV, gzip, and clear errors naming the file and line."""
 
 import gzip
+from pathlib import Path
 
+import numpy as np
 import pytest
 
-from pipeline.corpus import read_aligned, read_split, read_tsv
+from pipeline.corpus import read_aligned, read_split, read_tsv, scan_training_corpora
 from pipeline.errors import UserError
 
 
@@ -69,3 +71,72 @@ def test_tsv_without_tab_names_the_line(tmp_path):
     (tmp_path / "p.tsv").write_text("a\tb\nno tab here\n", encoding="utf-8")
     with pytest.raises(UserError, match=r"p.tsv:2: expected source<TAB>target"):
         read_tsv(tmp_path / "p.tsv")
+
+
+# Training corpora: scanned in one streaming pass.
+
+
+def scan(tmp_path, skip_bad_lines=False, sample_size=0, **paths):
+    data = {"train_corpora": None, "train_tsv": None, "train_source": None, "train_target": None,
+            "skip_bad_lines": skip_bad_lines}  # fmt: skip
+    data.update({key: str(tmp_path / value) for key, value in paths.items()})
+    return scan_training_corpora(data, sample_size, seed=0, log=lambda _: None)
+
+
+def test_glob_patterns_pair_shards_in_sorted_order(tmp_path):
+    for index, count in enumerate((3, 2)):
+        for side in ("de", "en"):
+            with gzip.open(tmp_path / f"part-{index}.{side}.gz", "wt", encoding="utf-8") as handle:
+                handle.write("".join(f"{side} {index} {n}\n" for n in range(count)))
+    (corpus,), sources, targets = scan(
+        tmp_path, sample_size=10, train_source="part-*.de.gz", train_target="part-*.en.gz"
+    )
+    assert [(Path(s.source).name, Path(s.target).name, s.lines) for s in corpus.shards] == [
+        ("part-0.de.gz", "part-0.en.gz", 3), ("part-1.de.gz", "part-1.en.gz", 2),
+    ]  # fmt: skip
+    assert corpus.lines == 5 and sorted(sources) == sorted(b"de" + s[2:] for s in targets)
+
+
+def test_shards_that_do_not_pair_up_name_the_files(tmp_path):
+    (tmp_path / "a-0.de").write_text("1\n2\n3\n")
+    (tmp_path / "a-0.en").write_text("1\n2\n")
+    with pytest.raises(UserError, match=r"a-0.de has 3 lines but .*a-0.en has 2"):
+        scan(tmp_path, train_source="a-*.de", train_target="a-*.en")
+    (tmp_path / "a-1.de").write_text("1\n")
+    with pytest.raises(UserError, match=r"a-\*.de matches 2 files but .*a-\*.en matches 1"):
+        scan(tmp_path, train_source="a-*.de", train_target="a-*.en")
+    with pytest.raises(UserError, match=r"b-\*.de: no file matches this pattern"):
+        scan(tmp_path, train_source="b-*.de", train_target="a-*.en")
+
+
+def test_a_bad_line_mid_stream_names_file_and_line_or_is_skipped_and_counted(tmp_path):
+    lines = [f"Zeile {n}".encode() for n in range(200_000)]  # a few blocks of the scan
+    lines[150_000] = b"kaputt \xff\xfe"
+    with gzip.open(tmp_path / "big.de.gz", "wb", compresslevel=1) as handle:
+        handle.write(b"\n".join(lines) + b"\n")
+    with gzip.open(tmp_path / "big.en.gz", "wb", compresslevel=1) as handle:
+        handle.write(b"".join(b"line\n" for _ in lines))
+    paths = dict(train_source="big.de.gz", train_target="big.en.gz")
+    with pytest.raises(UserError, match=r"big.de.gz:150001: not valid UTF-8; .*skip_bad_lines"):
+        scan(tmp_path, **paths)
+    (corpus,), _, _ = scan(tmp_path, skip_bad_lines=True, **paths)
+    assert corpus.lines == 200_000 and corpus.bad_lines == 1
+
+
+def test_a_tsv_line_without_tab_is_bad(tmp_path):
+    (tmp_path / "p.tsv").write_text("a\tb\nno tab\nc\td\textra\n", encoding="utf-8")
+    with pytest.raises(UserError, match=r"p.tsv:2: no tab"):
+        scan(tmp_path, train_tsv="p.tsv")
+    (corpus,), sources, targets = scan(tmp_path, True, 10, train_tsv="p.tsv")
+    assert corpus.bad_lines == 1 and sources == [b"a", b"c"] and targets == [b"b", b"d"]
+
+
+def test_the_vocabulary_sample_is_uniform_and_bounded(tmp_path):
+    (tmp_path / "x.de").write_text("".join(f"{n}\n" for n in range(20_000)))
+    (tmp_path / "x.en").write_text("".join(f"{n}\n" for n in range(20_000)))
+    _, sources, _ = scan(tmp_path, sample_size=2_000, train_source="x.de", train_target="x.en")
+    numbers = np.array([int(line) for line in sources])
+    assert len(numbers) == 2_000 == len(set(numbers.tolist()))
+    # Uniform over 0..19,999: each tenth of the file holds 200 +- 3 standard deviations (13).
+    counts = np.bincount(numbers // 2_000, minlength=10)
+    assert np.all(np.abs(counts - 200) < 40), counts

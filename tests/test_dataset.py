@@ -18,7 +18,15 @@ from pipeline.dataset import (
     stream_training_pairs,
     with_known_length,
 )
-from pipeline.tokenizer import BOS_ID, EOS_ID, Tokenizer, train_sentencepiece
+from pipeline.errors import UserError
+from pipeline.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    Tokenizer,
+    prepare_tokenizers,
+    train_sentencepiece,
+    vocabularies_to_build,
+)
 
 WORDS = (
     "der die das ein eine hund katze mann frau kind läuft springt sitzt im park auf dem gras"
@@ -132,7 +140,9 @@ def numbers_of(pairs, tokenizer, count):
     """The numbers of the first `count` pairs of a stream, checking source and target agree."""
     numbers = []
     for source, target in pairs.take(count):
-        source, target = (tokenizer.detokenize(ids[None]).numpy()[0].decode() for ids in (source, target))
+        source, target = (
+            tokenizer.detokenize(ids[None]).numpy()[0].decode() for ids in (source, target)
+        )
         assert target == f"der {source}"
         numbers.append(int("".join(str(DIGITS.index(w)) for w in source.split())))
     return numbers
@@ -174,9 +184,12 @@ def test_two_input_pipelines_read_every_pair_once_per_pass(tmp_path, tokenizer, 
 def test_weighted_mixing_follows_the_weights(tmp_path, tokenizer):
     write_shards(tmp_path, 0, [200], prefix="a")
     with open(tmp_path / "b.tsv", "w") as handle:  # the TSV form, numbers from 1000
-        handle.write("".join(f"{number_words(n)}\tder {number_words(n)}\n" for n in range(1000, 1300)))
+        handle.write(
+            "".join(f"{number_words(n)}\tder {number_words(n)}\n" for n in range(1000, 1300))
+        )
     data = data_config(train_corpora=[
-        {"source": str(tmp_path / "a-*.src.gz"), "target": str(tmp_path / "a-*.tgt.gz"), "weight": 3},
+        {"source": str(tmp_path / "a-*.src.gz"), "target": str(tmp_path / "a-*.tgt.gz"),
+         "weight": 3},
         {"tsv": str(tmp_path / "b.tsv"), "weight": 1.0},
     ])  # fmt: skip
     corpora, _, _ = scan_training_corpora(data, log=lambda _: None)
@@ -192,7 +205,9 @@ def test_a_stream_continues_at_its_position_without_reading_what_came_before(tmp
     data = shard_config(tmp_path, [300, 200, 250])
     corpora, _, _ = scan_training_corpora(data, log=lambda _: None)
     total = corpora[0].lines
-    whole, _ = stream_training_pairs(corpora, tokenizer, tokenizer, data, StreamCounters(corpora, [0]), seed=9)
+    whole, _ = stream_training_pairs(
+        corpora, tokenizer, tokenizer, data, StreamCounters(corpora, [0]), seed=9
+    )
     reference = numbers_of(whole, tokenizer, 4 * total)
     start = 3 * total - 20  # 20 lines before the end of the third pass
     counters = StreamCounters(corpora, [start])
@@ -246,3 +261,17 @@ def test_nothing_of_the_corpus_size_is_held(tmp_path, tokenizer):
     assert "CacheDatasetV2" not in ops
     tokenizer_bytes = tokenizer.model_path.stat().st_size
     assert max(size for size in large if size < tokenizer_bytes) < 1024
+
+
+def test_an_existing_vocabulary_is_used_instead_of_building_one(tmp_path, vocabulary):
+    data = {"source_vocabulary": str(vocabulary), "target_vocabulary": None,
+            "target_vocab_size": 40, "subword_model": "unigram"}  # fmt: skip
+    assert vocabularies_to_build(tmp_path, data) == ["target"]
+    sample = [" ".join(WORDS[i : i + 4]).encode() for i in range(len(WORDS))] * 20
+    source, target = prepare_tokenizers(tmp_path, data, {"target": sample}, lambda _: None)
+    assert source.model_proto == vocabulary.read_bytes() and target.vocab_size <= 40
+    assert (tmp_path / "vocab" / "source.vocab").is_file()
+    other = tmp_path / "other.model"
+    train_sentencepiece([s.decode() for s in sample], 30, "unigram", other)
+    with pytest.raises(UserError, match="source.model differs from .*other.model"):
+        prepare_tokenizers(tmp_path, {**data, "source_vocabulary": str(other)}, {}, print)

@@ -104,6 +104,8 @@ def two_workers():
 def test_two_workers_finish_with_identical_weights(tmp_path):
     outputs = wait_for(start_workers(tmp_path, two_workers()))
     assert "worker-0 (chief)" in outputs[0] and "this process worker-1;" in outputs[1]
+    # One training file for two input pipelines: each reads every line and keeps its half.
+    assert "1 line in 2 (fewer files than input pipelines)" in outputs[1]
     assert fingerprint(outputs[0]) == fingerprint(outputs[1])
     # Only the chief wrote to the work directory; the other worker's scratch is gone.
     assert (tmp_path / "model.keras").is_file() and (tmp_path / "checkpoints").is_dir()

@@ -344,6 +344,7 @@ def test_sigkill_at_a_random_moment_loses_at_most_one_interval(tmp_path):
     saved = checkpoint_steps(tmp_path)
     output = finish(tmp_path)
     assert f"Resuming from {tmp_path / 'checkpoints' / f'ckpt-{max(saved)}'}" in output
+    assert "continues at line" in output  # the stream goes on where the killed run was
     assert "Trained for" in output and max(checkpoint_steps(tmp_path)) == 120
 
 

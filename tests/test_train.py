@@ -1,6 +1,7 @@
 """`python -m pipeline.train` on the smoke config: trains, checkpoints, resumes, evaluates."""
 
 import json
+import re
 
 import pytest
 import yaml
@@ -54,6 +55,11 @@ def test_rerun_resumes_where_it_stopped(trained, capsys):
     history = train.main(["--config", SMOKE, "--workdir", str(workdir), "--set", "train.epochs=3"])
     output = capsys.readouterr().out
     assert "Resuming from" in output and "(step 8, 2 epochs done)" in output
+    assert re.search(
+        r"Training stream: \S+val.de.gz \+ \S+ continues at line [\d,]+ of pass", output
+    )
+    assert "1,014 lines in 1 file(s)" in output and "First training step after" in output
+    assert re.search(r"train stream: \S+ \+ \S+: read [\d,]+ pairs \([\d.]+ passes\), kept", output)
     assert len(history["loss"]) == 1  # only the third epoch ran
     assert checkpoint_steps(workdir)[-1] == 12  # the step count continued
 
