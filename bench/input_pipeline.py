@@ -29,7 +29,7 @@ import tensorflow as tf  # noqa: E402
 from pipeline.checkpoints import make_optimizer  # noqa: E402
 from pipeline.config import load_config  # noqa: E402
 from pipeline.corpus import scan_training_corpora  # noqa: E402
-from pipeline.dataset import StreamCounters, make_training_stream  # noqa: E402
+from pipeline.dataset import StreamCounters, batching_options, make_training_stream  # noqa: E402
 from pipeline.model_builder import build_model  # noqa: E402
 from pipeline.tokenizer import prepare_tokenizers  # noqa: E402
 
@@ -89,16 +89,12 @@ def main():
         tokenizers = prepare_tokenizers(
             workdir, data, {"source": source_sample, "target": target_sample}, lambda _: None
         )
-    batching = dict(
-        batch_size=train_config["batch_size"], batch_tokens=train_config["batch_tokens"],
-        bucket_width=train_config["bucket_width"],
-        max_length=max(data["max_source_length"], data["max_target_length"]),
-    )  # fmt: skip
 
     def make_stream():
         dataset, _ = make_training_stream(
-            corpora, *tokenizers, data, batching, StreamCounters(corpora, [0] * len(corpora)),
-            train_config["shuffle_buffer"], train_config["seed"],
+            corpora, *tokenizers, data, batching_options(config),
+            StreamCounters(corpora, [0] * len(corpora)), train_config["shuffle_buffer"],
+            train_config["seed"],
         )  # fmt: skip
         return dataset
 

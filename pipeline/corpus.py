@@ -195,9 +195,13 @@ def scan_file(path, tsv, skip_bad_lines, reservoirs=()):
             rows = block.split(b"\n")
             if bad:
                 rows = [row for index, row in enumerate(rows) if index not in set(bad)]
-            fields = [row.split(b"\t") for row in rows] if tsv else [[row] for row in rows]
-            for column, reservoir in enumerate(reservoirs):
-                reservoir.add([field[column] for field in fields])
+            if tsv:
+                fields = [row.split(b"\t", 2) for row in rows]
+                columns = [field[0] for field in fields], [field[1] for field in fields]
+            else:
+                columns = (rows,)
+            for reservoir, column in zip(reservoirs, columns):
+                reservoir.add(column)
         lines += block.count(b"\n") + 1
         bad_count += len(bad)
     if not lines:

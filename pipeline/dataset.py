@@ -100,6 +100,17 @@ def _bucket_batch_sizes(batch_size, batch_tokens, bucket_width, max_length):
     return boundaries, [max(1, batch_tokens // upper) for upper in uppers]
 
 
+def batching_options(config):
+    """`batch_by_length`'s options (batch sizes per replica) from a configuration."""
+    data, train = config["data"], config["train"]
+    return dict(
+        batch_size=train["batch_size"],
+        batch_tokens=train["batch_tokens"],
+        bucket_width=train["bucket_width"],
+        max_length=max(data["max_source_length"], data["max_target_length"]),
+    )
+
+
 def batch_by_length(pairs, batch_size, batch_tokens=None, bucket_width=5, max_length=100):
     """`(source_ids, target_ids)` pairs -> `({"source_ids", "target_input_ids"},
     target_output_ids)` padded batches of pairs of similar length (little padding wasted).
@@ -160,9 +171,9 @@ class StreamCounters:
     def summary(self):
         """One line per corpus: pairs read and passes made, pairs kept and dropped."""
         lines = []
-        for corpus, counts in zip(self.corpora, self.read()):
+        for corpus, counts, stride in zip(self.corpora, self.read(), self.strides):
             read, empty, too_long, bad = (int(c) for c in counts)
-            passes = read * self.strides[0] / max(corpus.lines, 1)
+            passes = read * stride / corpus.lines
             lines.append(
                 f"train stream: {corpus.name}: read {read:,} pairs ({passes:.2f} passes), kept "
                 f"{read - empty - too_long - bad:,}, dropped {empty:,} empty, {too_long:,} "

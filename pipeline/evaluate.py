@@ -47,7 +47,12 @@ def main(argv=None):
         raise UserError(f"--beam-size must be at least 1, got {args.beam_size}")
     from tqdm import tqdm
 
-    from pipeline.dataset import encode_corpus, make_dataset, with_known_length
+    from pipeline.dataset import (
+        batching_options,
+        encode_corpus,
+        make_dataset,
+        with_known_length,
+    )
     from pipeline.evaluation import score_translations
     from pipeline.translation import SearchOptions, Translator
     from pipeline.workdir import load_trained, write_text_atomically
@@ -69,11 +74,7 @@ def main(argv=None):
     encoded = encode_corpus(corpus, source_tokenizer, target_tokenizer, config["data"], name,
                             log=lambda message: print(message, file=sys.stderr))  # fmt: skip
     if len(encoded):
-        data = config["data"]
-        batches = with_known_length(make_dataset(
-            encoded, batch_size=config["train"]["batch_size"],
-            max_length=max(data["max_source_length"], data["max_target_length"]),
-        ))  # fmt: skip
+        batches = with_known_length(make_dataset(encoded, **batching_options(config)))
         model.compile()
         metrics = model.evaluate(batches, verbose=0, return_dict=True)
         report["perplexity"] = round(float(metrics["perplexity"]), 3)

@@ -18,6 +18,7 @@ from pipeline.corpus import read_split, scan_training_corpora
 from pipeline.dataset import (
     ESTIMATE_SAMPLE,
     StreamCounters,
+    batching_options,
     encode_corpus,
     estimate_steps_per_pass,
     make_dataset,
@@ -75,17 +76,11 @@ class TrainingStream:
                 data_pass, line = divmod(position, corpus.lines)
                 self.log(f"Training stream: {corpus.name} continues at line {line + 1:,} of "
                          f"pass {data_pass + 1}")  # fmt: skip
-        batching = dict(
-            batch_size=train["batch_size"],  # per replica
-            batch_tokens=train["batch_tokens"],
-            bucket_width=train["bucket_width"],
-            max_length=max(data["max_source_length"], data["max_target_length"]),
-        )
         seed = (train["seed"] * 1_000_003 + step) % 2**31
 
         def per_pipeline(context=None):
             dataset, sharding = make_training_stream(
-                self.corpora, *self.tokenizers, data, batching, self.counters,
+                self.corpora, *self.tokenizers, data, batching_options(self.config), self.counters,
                 train["shuffle_buffer"], seed, context,
             )  # fmt: skip
             for corpus, how in zip(self.corpora, sharding):
@@ -100,19 +95,10 @@ class TrainingStream:
 def _validation_data(config, corpus, tokenizers, log):
     if corpus is None:
         return None
-    data, train = config["data"], config["train"]
-    encoded = encode_corpus(corpus, *tokenizers, data, "valid", log)
+    encoded = encode_corpus(corpus, *tokenizers, config["data"], "valid", log)
     if not len(encoded):
         return None
-    return with_known_length(
-        make_dataset(
-            encoded,
-            batch_size=train["batch_size"],
-            batch_tokens=train["batch_tokens"],
-            bucket_width=train["bucket_width"],
-            max_length=max(data["max_source_length"], data["max_target_length"]),
-        )
-    )
+    return with_known_length(make_dataset(encoded, **batching_options(config)))
 
 
 def _restore(checkpoint, manager):
@@ -231,10 +217,7 @@ def run(config, workdir, log=print):
     valid_data = _validation_data(config, corpora["valid"], tokenizers, log)
     steps_per_epoch = train["steps_per_epoch"] or estimate_steps_per_pass(
         training_corpora, source_sample, target_sample, tokenizers, data,
-        dict(batch_size=train["batch_size"], batch_tokens=train["batch_tokens"],
-             bucket_width=train["bucket_width"],
-             max_length=max(data["max_source_length"], data["max_target_length"])),
-        replicas,
+        batching_options(config), replicas,
     )  # fmt: skip
     del source_sample, target_sample
     log(

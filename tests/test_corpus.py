@@ -1,6 +1,7 @@
 """Corpus reading: aligned files, TSV, gzip, and clear errors naming the file and line."""
 
 import gzip
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -140,3 +141,29 @@ def test_the_vocabulary_sample_is_uniform_and_bounded(tmp_path):
     # Uniform over 0..19,999: each tenth of the file holds 200 +- 3 standard deviations (13).
     counts = np.bincount(numbers // 2_000, minlength=10)
     assert np.all(np.abs(counts - 200) < 40), counts
+
+
+def scan_peak(tmp_path, lines):
+    """Python's peak allocation while scanning an aligned corpus of `lines` gzip lines."""
+    text = b"".join(b"Satz Nummer %d.\n" % n for n in range(lines))
+    for name in ("big.de.gz", "big.en.gz"):
+        with gzip.open(tmp_path / name, "wb", compresslevel=1) as handle:
+            handle.write(text)
+    tracemalloc.start()
+    try:
+        (corpus,), sources, _ = scan(
+            tmp_path, sample_size=100, train_source="big.de.gz", train_target="big.en.gz"
+        )
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert corpus.lines == lines and len(sources) == 100
+    return peak, len(text)
+
+
+def test_the_scan_holds_a_block_and_the_sample_not_the_corpus(tmp_path):
+    (tmp_path / "small").mkdir()
+    (tmp_path / "large").mkdir()
+    small, _ = scan_peak(tmp_path / "small", 100_000)
+    large, size = scan_peak(tmp_path / "large", 1_000_000)  # 20 MB of text
+    assert large < 1.2 * small and large < size / 2, (small, large, size)
