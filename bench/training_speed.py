@@ -3,6 +3,7 @@ share of the CPU's peak that training reaches.
 
     python bench/training_speed.py [--config configs/default.yaml] [--steps 150] [--variants N]
                                    [--quick]
+    python bench/training_speed.py --ref-tree DIR [--steps N] [--rounds R]
 
 Each variant (attention type x input feeding, and XLA) trains `--steps` steps of a fresh
 model in a subprocess (`python -m pipeline.train`); the figure is the progress bar's final
@@ -11,6 +12,9 @@ counted from the configuration (see `training_flops_per_target_token`); the peak
 as the FLOP/s of a 4096 x 4096 float32 matmul on this machine, which is within a few percent of
 the theoretical peak of the AMD EPYC (Zen 4) here: 2 cores x 2 FMA pipes x 8 float32 lanes x 2
 FLOPs = 64 FLOP/cycle, ~224 GFLOP/s at 3.5 GHz.
+
+With `--ref-tree DIR` (another checkout, e.g. `git worktree add DIR HEAD~1`) it trains the
+recipe's own model in this tree and in DIR in turn, `--rounds` times, and prints their ratio.
 """
 
 import argparse
@@ -21,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from statistics import median
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -127,7 +132,8 @@ def _timed(fn):
     return time.perf_counter() - start
 
 
-def train_rate(config_path, steps, overrides):
+def train_rate(config_path, steps, overrides, tree=PROJECT_ROOT):
+    """The final `tgt_tok/s` of `steps` steps of `python -m pipeline.train` run in `tree`."""
     with tempfile.TemporaryDirectory() as workdir:
         command = [
             sys.executable, "-m", "pipeline.train", "--config", str(config_path),
@@ -139,7 +145,7 @@ def train_rate(config_path, steps, overrides):
             *[arg for o in overrides for arg in ("--set", o)],
         ]  # fmt: skip
         output = subprocess.run(
-            command, capture_output=True, text=True, cwd=PROJECT_ROOT, check=True
+            command, capture_output=True, text=True, cwd=tree, check=True
         ).stdout
     return float(re.findall(r"tgt_tok/s: ([\d.]+)", output)[-1])
 
@@ -152,9 +158,15 @@ def main():
     parser.add_argument(
         "--variants", type=int, default=len(VARIANTS), help="run the first N variants only"
     )
+    parser.add_argument(
+        "--ref-tree", type=Path, help="compare the recipe with another checkout, alternating"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="alternations with --ref-tree")
     args = parser.parse_args()
     variants = VARIANTS[: 2 if args.quick else args.variants]
     steps = 40 if args.quick else args.steps
+    if args.ref_tree:
+        return compare_trees(args.config, steps, args.ref_tree, args.rounds)
 
     base = load_config(args.config)
     pairs, source_len, target_len = corpus_lengths(base)
@@ -180,6 +192,21 @@ def main():
             f"{achieved / 1e9:.1f} | {100 * achieved / peak:.1f}% |",
             flush=True,
         )
+
+
+def compare_trees(config_path, steps, ref_tree, rounds):
+    """The recipe's training rate here and in `ref_tree` (e.g. a `git worktree` of the previous
+    commit), run after run in turn, and their ratio."""
+    rates = {"this tree": [], str(ref_tree): []}
+    for _ in range(rounds):
+        for name, tree in zip(rates, (PROJECT_ROOT, ref_tree)):
+            rates[name].append(train_rate(config_path, steps, [], tree))
+    print(f"# {config_path.name}, {steps} steps a run, {rounds} rounds alternating (tgt tok/s)")
+    print("| tree | runs | median |\n|---|---|---:|")
+    for name, values in rates.items():
+        print(f"| {name} | {', '.join(f'{v:,.0f}' for v in values)} | {median(values):,.0f} |")
+    first, second = (median(values) for values in rates.values())
+    print(f"\nthis tree / {ref_tree}: {first / second:.3f}")
 
 
 if __name__ == "__main__":
