@@ -8,11 +8,14 @@ counted and checked in one streaming pass, and read as a stream by `pipeline.dat
 import dataclasses
 import glob
 import gzip
+import os
 import re
+import sys
 import zlib
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from pipeline.errors import UserError
 
@@ -30,18 +33,20 @@ class ParallelCorpus:
 
 
 def _open_text(path):
+    """(the file's text, plain or gunzipped; the file on disk, for progress in it)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: file not found")
-    opener = gzip.open if path.suffix == ".gz" else open
-    return opener(path, "rb")
+    raw = open(path, "rb")  # noqa: SIM115  (closed with the text handle)
+    return (gzip.GzipFile(fileobj=raw) if path.suffix == ".gz" else raw), raw
 
 
 def read_lines(path):
     """The lines of a UTF-8 text file (trailing newline and carriage return removed)."""
     lines = []
     try:
-        with _open_text(path) as handle:
+        handle, file = _open_text(path)
+        with file, handle:
             for number, raw in enumerate(handle, start=1):
                 try:
                     lines.append(raw.decode("utf-8").rstrip("\r\n"))
@@ -89,6 +94,7 @@ def read_split(data_config, split):
 # Training corpora are streamed: described here by their files, read by `pipeline.dataset`.
 
 SCAN_CHUNK_BYTES = 1 << 20
+SCAN_PROGRESS_BYTES = 1 << 28  # a progress bar for corpora from this size on disk
 _LINE_WITHOUT_TAB = re.compile(rb"^[^\t\n]*$", re.MULTILINE)
 
 
@@ -140,16 +146,20 @@ class Reservoir:
         self.seen += len(lines)
 
 
-def _complete_lines(path):
-    """Yields the file's bytes as blocks of whole lines (without the last newline)."""
-    rest = b""
+def _complete_lines(path, progress):
+    """Yields the file's bytes as blocks of whole lines (without the last newline), calling
+    `progress(n)` with the bytes of the file on disk each block took."""
+    rest, done = b"", 0
     try:
-        with _open_text(path) as handle:
+        handle, file = _open_text(path)
+        with file, handle:
             while chunk := handle.read(SCAN_CHUNK_BYTES):
                 block, newline, tail = (rest + chunk).rpartition(b"\n")
                 if newline:
                     yield block
                 rest = tail
+                progress(file.tell() - done)
+                done = file.tell()
     except (OSError, EOFError, zlib.error, gzip.BadGzipFile) as error:
         raise UserError(f"{path}: cannot read the file ({error})") from None
     if rest:
@@ -173,12 +183,12 @@ def _bad_lines(block, tsv):
     return sorted(bad)
 
 
-def scan_file(path, tsv, skip_bad_lines, reservoirs=()):
+def scan_file(path, tsv, skip_bad_lines, reservoirs=(), progress=lambda size: None):
     """(lines, bad lines) of a training file in one streaming pass, feeding each line to the
     `reservoirs` (one per TSV field, or one); a bad line is a `UserError` naming the file and
-    line unless `skip_bad_lines`."""
+    line unless `skip_bad_lines`. `progress(n)`: n more bytes of the file were read."""
     lines = bad_count = 0
-    for block in _complete_lines(path):
+    for block in _complete_lines(path, progress):
         bad = _bad_lines(block, tsv)
         if bad and not skip_bad_lines:
             what = "no tab (expected source<TAB>target)" if tsv else "not valid UTF-8"
@@ -211,7 +221,11 @@ def scan_file(path, tsv, skip_bad_lines, reservoirs=()):
 
 def _expand(pattern):
     """The files a path or glob pattern names, sorted; none is a `UserError`."""
-    files = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+    if not glob.has_magic(pattern):
+        if not Path(pattern).is_file():
+            raise UserError(f"{pattern}: file not found")
+        return [pattern]
+    files = sorted(glob.glob(pattern))
     if not files:
         raise UserError(f"{pattern}: no file matches this pattern")
     return files
@@ -229,53 +243,62 @@ def _corpus_specs(data_config):
     ]  # fmt: skip
 
 
+def _corpus_files(spec):
+    """(name, [(source, target or None)]) of a corpus of the configuration."""
+    if "tsv" in spec:
+        return spec["tsv"], [(path, None) for path in _expand(spec["tsv"])]
+    sources, targets = _expand(spec["source"]), _expand(spec["target"])
+    if len(sources) != len(targets):
+        raise UserError(
+            f"{spec['source']} matches {len(sources)} files but {spec['target']} "
+            f"matches {len(targets)}: source and target shards must pair up"
+        )
+    return f"{spec['source']} + {spec['target']}", list(zip(sources, targets))
+
+
 def scan_training_corpora(data_config, sample_size=0, seed=0, log=print):
     """The training corpora of the configuration as `TrainingCorpus`es, every file counted and
     checked in one streaming pass (as `wc -l` costs), and a uniform random sample of at most
     `sample_size` source and target sentences: `(corpora, source sample, target sample)`.
 
     Aligned files must have equal line counts; a glob pattern on either side pairs the files
-    it matches in sorted order.
+    it matches in sorted order. A progress bar shows the pass over large corpora.
     """
     rng = np.random.default_rng(seed)
     samples = (Reservoir(sample_size, rng), Reservoir(sample_size, rng)) if sample_size else ()
     skip = data_config["skip_bad_lines"]
     specs = _corpus_specs(data_config)
+    files = [_corpus_files(spec) for spec in specs]
+    size = sum(os.path.getsize(p) for _, pairs in files for pair in pairs for p in pair if p)
+    bar = tqdm(
+        total=size, unit="B", unit_scale=True, desc="Scanning the training data",
+        file=sys.stderr, disable=size < SCAN_PROGRESS_BYTES, leave=False, mininterval=1,
+    )  # fmt: skip
     corpora = []
-    for spec in specs:
-        if "tsv" in spec:
-            name = spec["tsv"]
-            pairs = [(path, None) for path in _expand(spec["tsv"])]
-        else:
-            name = f"{spec['source']} + {spec['target']}"
-            sources, targets = _expand(spec["source"]), _expand(spec["target"])
-            if len(sources) != len(targets):
-                raise UserError(
-                    f"{spec['source']} matches {len(sources)} files but {spec['target']} "
-                    f"matches {len(targets)}: source and target shards must pair up"
-                )
-            pairs = list(zip(sources, targets))
-        shards, bad_lines = [], 0
-        for source, target in pairs:
-            if target is None:
-                lines, bad = scan_file(source, True, skip, samples)
-            else:
-                lines, bad = scan_file(source, False, skip, samples[:1])
-                target_lines, target_bad = scan_file(target, False, skip, samples[1:])
-                if lines != target_lines:
-                    raise UserError(
-                        f"{source} has {lines} lines but {target} has {target_lines}: "
-                        "source and target files must be aligned line by line"
-                    )
-                bad += target_bad
-            shards.append(Shard(source, target, lines))
-            bad_lines += bad
-        corpus = TrainingCorpus(name, tuple(shards), spec["weight"], bad_lines)
+    with bar:
+        for spec, (name, pairs) in zip(specs, files):
+            shards, bad_lines = [], 0
+            for source, target in pairs:
+                if target is None:
+                    lines, bad = scan_file(source, True, skip, samples, bar.update)
+                else:
+                    lines, bad = scan_file(source, False, skip, samples[:1], bar.update)
+                    target_lines, target_bad = scan_file(target, False, skip, samples[1:],
+                                                         bar.update)  # fmt: skip
+                    if lines != target_lines:
+                        raise UserError(
+                            f"{source} has {lines} lines but {target} has {target_lines}: "
+                            "source and target files must be aligned line by line"
+                        )
+                    bad += target_bad
+                shards.append(Shard(source, target, lines))
+                bad_lines += bad
+            corpora.append(TrainingCorpus(name, tuple(shards), spec["weight"], bad_lines))
+    for corpus in corpora:
         log(
-            f"train: {name}: {corpus.lines:,} lines in {len(shards)} file(s)"
-            + (f", {bad_lines} bad line(s) to skip" if bad_lines else "")
-            + (f", weight {spec['weight']:g}" if len(specs) > 1 else "")
+            f"train: {corpus.name}: {corpus.lines:,} lines in {len(corpus.shards)} file(s)"
+            + (f", {corpus.bad_lines} bad line(s) to skip" if corpus.bad_lines else "")
+            + (f", weight {corpus.weight:g}" if len(corpora) > 1 else "")
         )
-        corpora.append(corpus)
     source_sample, target_sample = (r.lines for r in samples) if samples else ([], [])
     return corpora, source_sample, target_sample
