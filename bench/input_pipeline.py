@@ -62,14 +62,13 @@ class StepTimer(keras.callbacks.Callback):
 
 def train(config, tokenizers, make_stream, steps):
     """(steps/s, target tokens/s) of training on the stream, step tracing excluded."""
-    keras.utils.set_random_seed(config["train"]["seed"])
     model = build_model(config, tokenizers[0].vocab_size, tokenizers[1].vocab_size)
     model.compile(optimizer=make_optimizer(config["train"], config["train"]["learning_rate"]))
     counted = make_stream().take(WARMUP_STEPS + steps)
     tokens = sum(target_tokens(labels) for _, labels in counted.skip(WARMUP_STEPS))
     timer = StepTimer()
     model.fit(counted, epochs=1, steps_per_epoch=WARMUP_STEPS + steps, callbacks=[timer],
-              verbose=0)  # fmt: skip
+              shuffle=False, verbose=0)  # fmt: skip
     return steps / timer.seconds, tokens / timer.seconds
 
 
@@ -82,6 +81,7 @@ def main():
     args = parser.parse_args()
     config = load_config(args.config)
     data, train_config = config["data"], config["train"]
+    keras.utils.set_random_seed(train_config["seed"])  # before the tokenizers: it drops them
     corpora, source_sample, target_sample = scan_training_corpora(
         data, data["vocab_sample_size"], train_config["seed"], log=lambda _: None
     )

@@ -111,15 +111,14 @@ def batching_options(config):
     )
 
 
-def batch_by_length(pairs, batch_size, batch_tokens=None, bucket_width=5, max_length=100):
-    """`(source_ids, target_ids)` pairs -> `({"source_ids", "target_input_ids"},
-    target_output_ids)` padded batches of pairs of similar length (little padding wasted).
+def batch_by_length(examples, batch_size, batch_tokens=None, bucket_width=5, max_length=100):
+    """`({"source_ids", "target_input_ids"}, target_output_ids)` examples -> padded batches
+    of examples of similar length (little padding wasted).
 
     Batches hold `batch_size` pairs, or with `batch_tokens` as many pairs as fit that many
     tokens at the bucket's longest length.
     """
     boundaries, sizes = _bucket_batch_sizes(batch_size, batch_tokens, bucket_width, max_length)
-    examples = pairs.map(_to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE)
     return examples.bucket_by_sequence_length(
         _example_length, boundaries, sizes, drop_remainder=False
     )
@@ -129,7 +128,8 @@ def make_dataset(encoded, batch_size, batch_tokens=None, bucket_width=5, max_len
     """The batches of an in-memory `EncodedCorpus` (validation, evaluation), in corpus order
     within each length bucket."""
     pairs = tf.data.Dataset.from_tensor_slices((encoded.source_ids, encoded.target_ids))
-    batches = batch_by_length(pairs.cache(), batch_size, batch_tokens, bucket_width, max_length)
+    examples = pairs.map(_to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE).cache()
+    batches = batch_by_length(examples, batch_size, batch_tokens, bucket_width, max_length)
     return batches.prefetch(tf.data.AUTOTUNE)
 
 
@@ -237,9 +237,11 @@ def _is_utf8(lines):
 
 
 def _encoder(source_tokenizer, target_tokenizer, data_config, counts, tsv):
-    """The map from a batch of lines to `(source ids, target ids, keep)`, counting what it reads
+    """The map from a batch of lines to the training examples of the pairs it keeps, as
+    ragged `({"source_ids", "target_input_ids"}, target_output_ids)`, counting what it reads
     and drops into `counts`. Bad lines (already counted by the corpus scan) are dropped only
-    where `data.skip_bad_lines` lets the scan pass them."""
+    where `data.skip_bad_lines` lets the scan pass them. Working on whole batches keeps the
+    per-pair work of the stream to unbatching, shuffling and bucketing."""
     check = data_config["skip_bad_lines"]
 
     def encode(source_lines, target_lines):
@@ -264,20 +266,31 @@ def _encoder(source_tokenizer, target_tokenizer, data_config, counts, tsv):
                 + [tf.reduce_sum(tf.cast(mask, tf.int64)) for mask in dropped]
             )
         )
-        return source, target, valid & ~empty & ~too_long
+        keep = valid & ~empty & ~too_long
+        source, target = tf.ragged.boolean_mask(source, keep), tf.ragged.boolean_mask(target, keep)
+        column = tf.ones_like(target[:, :1])  # one position per kept pair
+        inputs = {"source_ids": source, "target_input_ids": tf.concat([column * BOS_ID, target], 1)}
+        return inputs, tf.concat([target, column * EOS_ID], 1)
 
     return encode
 
 
-def stream_training_pairs(
+def _as_dense(inputs, labels):
+    """Identity on the values: rows of a ragged batch come here as dense tensors, and leave
+    with dense specs, which `padded_batch` needs."""
+    return inputs, labels
+
+
+def stream_training_examples(
     corpora, source_tokenizer, target_tokenizer, data_config, counters, seed, input_context=None
 ):
-    """The endless, mixed stream of `(source_ids, target_ids)` training pairs, not yet shuffled.
+    """The endless, mixed stream of training examples (`_to_model_inputs`), not yet shuffled.
 
     Each corpus starts at `counters.start`. With several input pipelines (an
-    `InputContext`), a corpus with at least one shard file a pipeline reads only its own
-    files; a corpus with fewer files is read whole by every pipeline, which keeps every n-th
-    line. Returns the dataset and, per corpus, how it was sharded (for the log).
+    `InputContext`), a corpus with at least as many shard files as pipelines is split by file
+    (each pipeline reads only its own files); one with fewer files is read whole by every
+    pipeline, each keeping every n-th line. Returns the dataset and, per corpus, how it was
+    split (for the log).
     """
     pipelines, pipeline = 1, 0
     if input_context is not None:
@@ -298,14 +311,13 @@ def stream_training_pairs(
             source_tokenizer, target_tokenizer, data_config, counters.counts[number],
             corpus.is_tsv,
         )  # fmt: skip
-        pairs = (
+        examples = (
             lines.batch(STREAM_TOKENIZE_BATCH)
             .map(encode, num_parallel_calls=tf.data.AUTOTUNE)
             .unbatch()
-            .filter(lambda source, target, keep: keep)
-            .map(lambda source, target, keep: (source, target))
+            .map(_as_dense)  # unbatched rows of ragged tensors come as rank-1 ragged specs
         )
-        streams.append(pairs)
+        streams.append(examples)
     if len(streams) == 1:
         return streams[0], sharding
     weights = [corpus.weight for corpus in corpora]
@@ -321,13 +333,13 @@ def make_training_stream(
 ):  # fmt: skip
     """Endless shuffled training batches (`batch_by_length`'s `batching` options, per
     replica), and how each corpus is sharded across input pipelines."""
-    pairs, sharding = stream_training_pairs(
+    examples, sharding = stream_training_examples(
         corpora, source_tokenizer, target_tokenizer, data_config, counters, seed, input_context
     )
     # A buffer larger than the corpus would only mix passes: the corpus' size shuffles fully.
     lines = sum(corpus.lines for corpus in corpora)
-    pairs = pairs.shuffle(min(shuffle_buffer, lines), seed=seed)
-    return batch_by_length(pairs, **batching).prefetch(tf.data.AUTOTUNE), sharding
+    examples = examples.shuffle(min(shuffle_buffer, lines), seed=seed)
+    return batch_by_length(examples, **batching).prefetch(tf.data.AUTOTUNE), sharding
 
 
 def estimate_steps_per_pass(corpora, source_sample, target_sample, tokenizers, data_config,

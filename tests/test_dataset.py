@@ -15,7 +15,7 @@ from pipeline.dataset import (
     encode_corpus,
     make_dataset,
     make_training_stream,
-    stream_training_pairs,
+    stream_training_examples,
     with_known_length,
 )
 from pipeline.errors import UserError
@@ -136,12 +136,17 @@ def data_config(**paths):
     }  # fmt: skip
 
 
-def numbers_of(pairs, tokenizer, count):
-    """The numbers of the first `count` pairs of a stream, checking source and target agree."""
+def numbers_of(examples, tokenizer, count):
+    """The numbers of the first `count` examples of a stream, checking that source and target
+    agree and that the target is shifted between decoder input and labels."""
     numbers = []
-    for source, target in pairs.take(count):
+    for inputs, labels in examples.take(count):
+        target_in, labels = inputs["target_input_ids"].numpy(), labels.numpy()
+        assert target_in[0] == BOS_ID and labels[-1] == EOS_ID
+        np.testing.assert_array_equal(target_in[1:], labels[:-1])
         source, target = (
-            tokenizer.detokenize(ids[None]).numpy()[0].decode() for ids in (source, target)
+            tokenizer.detokenize(ids[None]).numpy()[0].decode()
+            for ids in (inputs["source_ids"], labels[:-1])
         )
         assert target == f"der {source}"
         numbers.append(int("".join(str(DIGITS.index(w)) for w in source.split())))
@@ -164,7 +169,7 @@ def test_two_input_pipelines_read_every_pair_once_per_pass(tmp_path, tokenizer, 
     for pipeline in range(2):
         context = tf.distribute.InputContext(2, pipeline, 2)
         counters = StreamCounters(corpora, [0])
-        pairs, sharding = stream_training_pairs(
+        pairs, sharding = stream_training_examples(
             corpora, tokenizer, tokenizer, data, counters, seed=3, input_context=context
         )
         mine = sum(corpora[0].shards[i].lines for i in range(pipeline, len(counts), 2))
@@ -194,7 +199,7 @@ def test_weighted_mixing_follows_the_weights(tmp_path, tokenizer):
     ])  # fmt: skip
     corpora, _, _ = scan_training_corpora(data, log=lambda _: None)
     counters = StreamCounters(corpora, [0, 0])
-    pairs, _ = stream_training_pairs(corpora, tokenizer, tokenizer, data, counters, seed=5)
+    pairs, _ = stream_training_examples(corpora, tokenizer, tokenizer, data, counters, seed=5)
     numbers = numbers_of(pairs, tokenizer, 3000)
     share = np.mean(np.asarray(numbers) < 1000)
     # 3:1 weights: 0.75, with a binomial standard deviation of 0.008 over 3,000 draws.
@@ -205,13 +210,13 @@ def test_a_stream_continues_at_its_position_without_reading_what_came_before(tmp
     data = shard_config(tmp_path, [300, 200, 250])
     corpora, _, _ = scan_training_corpora(data, log=lambda _: None)
     total = corpora[0].lines
-    whole, _ = stream_training_pairs(
+    whole, _ = stream_training_examples(
         corpora, tokenizer, tokenizer, data, StreamCounters(corpora, [0]), seed=9
     )
     reference = numbers_of(whole, tokenizer, 4 * total)
     start = 3 * total - 20  # 20 lines before the end of the third pass
     counters = StreamCounters(corpora, [start])
-    resumed, _ = stream_training_pairs(corpora, tokenizer, tokenizer, data, counters, seed=9)
+    resumed, _ = stream_training_examples(corpora, tokenizer, tokenizer, data, counters, seed=9)
     assert numbers_of(resumed, tokenizer, 100) == reference[start : start + 100]
     # Read from its position (the map reads a few batches ahead), not replayed from the start.
     assert counters.read()[0, 0] < 2 * total
@@ -229,7 +234,7 @@ def test_bad_lines_are_skipped_and_counted_on_the_stream(tmp_path, tokenizer):
     corpora, _, _ = scan_training_corpora(data, log=lambda _: None)
     assert corpora[0].bad_lines == 1
     counters = StreamCounters(corpora, [0])
-    pairs, _ = stream_training_pairs(corpora, tokenizer, tokenizer, data, counters, seed=1)
+    pairs, _ = stream_training_examples(corpora, tokenizer, tokenizer, data, counters, seed=1)
     numbers = numbers_of(pairs, tokenizer, 499)
     assert 250 not in numbers and len(set(numbers)) == 499
     assert counters.read()[0, 3] >= 1  # the bad line, counted as it went by
