@@ -132,13 +132,15 @@ def _timed(fn):
     return time.perf_counter() - start
 
 
-def train_rate(config_path, steps, overrides, tree=PROJECT_ROOT):
-    """The final `tgt_tok/s` of `steps` steps of `python -m pipeline.train` run in `tree`."""
+def train_rate(config_path, steps, overrides, tree=PROJECT_ROOT, epochs=1):
+    """The final `tgt_tok/s` of each of `epochs` epochs of `steps` steps of
+    `python -m pipeline.train` run in `tree` (the rate restarts every epoch, so a second
+    epoch's leaves out the start: tracing, the first batches), or the first's alone."""
     with tempfile.TemporaryDirectory() as workdir:
         command = [
             sys.executable, "-m", "pipeline.train", "--config", str(config_path),
             "--workdir", workdir, "--set", f"train.steps_per_epoch={steps}",
-            "--set", "train.epochs=1", "--set", "data.test_source=null",
+            "--set", f"train.epochs={epochs}", "--set", "data.test_source=null",
             "--set", "data.test_target=null", "--set", "export.after_training=false",
             "--set", "train.bleu_every_epochs=0", "--set", "data.valid_source=null",
             "--set", "data.valid_target=null", "--set", "train.early_stopping_patience=null",
@@ -147,7 +149,9 @@ def train_rate(config_path, steps, overrides, tree=PROJECT_ROOT):
         output = subprocess.run(
             command, capture_output=True, text=True, cwd=tree, check=True
         ).stdout
-    return float(re.findall(r"tgt_tok/s: ([\d.]+)", output)[-1])
+    rates = [float(re.findall(r"tgt_tok/s: ([\d.]+)", epoch)[-1])
+             for epoch in re.split(r"Epoch \d+/\d+", output)[1:]]  # fmt: skip
+    return rates if epochs > 1 else rates[0]
 
 
 def main():
@@ -196,17 +200,26 @@ def main():
 
 def compare_trees(config_path, steps, ref_tree, rounds):
     """The recipe's training rate here and in `ref_tree` (e.g. a `git worktree` of the previous
-    commit), run after run in turn, and their ratio."""
+    commit), run after run in turn, two epochs a run, and their ratios: the first epoch's rate
+    includes the run's start, the second's is steady training."""
     rates = {"this tree": [], str(ref_tree): []}
     for _ in range(rounds):
         for name, tree in zip(rates, (PROJECT_ROOT, ref_tree)):
-            rates[name].append(train_rate(config_path, steps, [], tree))
-    print(f"# {config_path.name}, {steps} steps a run, {rounds} rounds alternating (tgt tok/s)")
-    print("| tree | runs | median |\n|---|---|---:|")
-    for name, values in rates.items():
-        print(f"| {name} | {', '.join(f'{v:,.0f}' for v in values)} | {median(values):,.0f} |")
-    first, second = (median(values) for values in rates.values())
-    print(f"\nthis tree / {ref_tree}: {first / second:.3f}")
+            rates[name].append(train_rate(config_path, steps, [], tree, epochs=2))
+    print(f"# {config_path.name}, 2 epochs of {steps} steps a run, {rounds} rounds alternating")
+    print("| tree | epoch 1 tgt tok/s | median | epoch 2 tgt tok/s | median |")
+    print("|---|---|---:|---|---:|")
+    medians = {}
+    for name, runs in rates.items():
+        cells = []
+        for epoch in range(2):
+            values = [run[epoch] for run in runs]
+            medians.setdefault(name, []).append(median(values))
+            cells.append(f"{', '.join(f'{v:,.0f}' for v in values)} | {median(values):,.0f}")
+        print(f"| {name} | {' | '.join(cells)} |")
+    ours, theirs = medians.values()
+    print(f"\nthis tree / {ref_tree}: epoch 1 {ours[0] / theirs[0]:.3f}, "
+          f"epoch 2 {ours[1] / theirs[1]:.3f}")  # fmt: skip
 
 
 if __name__ == "__main__":
