@@ -277,7 +277,7 @@ def scan_training_corpora(data_config, sample_size=0, seed=0, log=print):
     corpora = []
     with bar:
         for spec, (name, pairs) in zip(specs, files):
-            shards, bad_lines = [], 0
+            shards, bad_by_side = [], [0, 0]  # bad lines of the source (or TSV), the target
             for source, target in pairs:
                 if target is None:
                     lines, bad = scan_file(source, True, skip, samples, bar.update)
@@ -290,9 +290,13 @@ def scan_training_corpora(data_config, sample_size=0, seed=0, log=print):
                             f"{source} has {lines} lines but {target} has {target_lines}: "
                             "source and target files must be aligned line by line"
                         )
-                    bad += target_bad
+                    bad_by_side[1] += target_bad
+                bad_by_side[0] += bad
                 shards.append(Shard(source, target, lines))
-                bad_lines += bad
+            if max(bad_by_side) == sum(shard.lines for shard in shards):
+                raise UserError(f"{name}: every line is bad (undecodable or, in a TSV, without a "
+                                "tab): no usable training pairs")  # fmt: skip
+            bad_lines = sum(bad_by_side)
             corpora.append(TrainingCorpus(name, tuple(shards), spec["weight"], bad_lines))
     for corpus in corpora:
         log(

@@ -13,6 +13,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from pipeline.errors import UserError
 from pipeline.tokenizer import BOS_ID, EOS_ID
 
 TOKENIZE_CHUNK = 8192  # sentences tokenised at once in memory
@@ -345,11 +346,12 @@ def make_training_stream(
 def estimate_steps_per_pass(corpora, source_sample, target_sample, tokenizers, data_config,
                             batching, replicas):  # fmt: skip
     """Steps in one pass over the training corpora, estimated from sampled sentences: the
-    pairs kept and the batches their lengths need, so progress bars mean what they say."""
+    pairs kept and the batches their lengths need, so progress bars mean what they say.
+
+    Training data with no usable pair in the sample is a `UserError`: the endless stream
+    would otherwise search it for ever.
+    """
     count = min(len(source_sample), len(target_sample))
-    if not count:  # nothing sampled: every line kept, full batches
-        lines = sum(corpus.lines - corpus.bad_lines for corpus in corpora)
-        return max(1, math.ceil(lines / batching["batch_size"] / replicas))
     rng = np.random.default_rng(0)
     chosen = rng.choice(count, size=min(count, ESTIMATE_SAMPLE), replace=False)
     lengths = [
@@ -358,6 +360,12 @@ def estimate_steps_per_pass(corpora, source_sample, target_sample, tokenizers, d
     ]
     empty, too_long = _kept(*lengths, data_config)
     kept = ~empty & ~too_long
+    if not kept.any():
+        raise UserError(
+            f"none of {len(chosen):,} sampled training pairs is usable: each is empty or longer "
+            f"than data.max_source_length ({data_config['max_source_length']}) or "
+            f"data.max_target_length ({data_config['max_target_length']}, </s> included)"
+        )
     boundaries, sizes = _bucket_batch_sizes(**batching)
     example_lengths = np.maximum(lengths[0], lengths[1] + 1)[kept]
     batch_sizes = np.asarray(sizes)[np.searchsorted(boundaries, example_lengths, side="right")]

@@ -215,10 +215,11 @@ def run(config, workdir, log=print):
     source_tokenizer, target_tokenizer = tokenizers
     log(f"Vocabularies: {source_tokenizer.vocab_size} source, {target_tokenizer.vocab_size} target")
     valid_data = _validation_data(config, corpora["valid"], tokenizers, log)
-    steps_per_epoch = train["steps_per_epoch"] or estimate_steps_per_pass(
+    steps_per_pass = estimate_steps_per_pass(  # also refuses data with nothing to train on
         training_corpora, source_sample, target_sample, tokenizers, data,
         batching_options(config), replicas,
     )  # fmt: skip
+    steps_per_epoch = train["steps_per_epoch"] or steps_per_pass
     del source_sample, target_sample
     log(
         f"Epochs of {steps_per_epoch:,} steps"

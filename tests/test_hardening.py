@@ -146,6 +146,25 @@ def test_bad_corpora_stop_with_one_line(tmp_path, capsys, source, target, messag
     assert len(err) == 1 and message in err[0] and err[0].startswith("error: ")
 
 
+@pytest.mark.parametrize(
+    "source,target,overrides,message",
+    [
+        (b"ein Hund\n" * 50, b"a dog\n" * 50, ["data.max_source_length=1"], "sampled training"),
+        (b"\xff\n" * 5, b"a\n" * 5, ["data.skip_bad_lines=true"], "every line is bad"),
+    ],
+)
+def test_training_data_with_nothing_usable_stops_with_one_line(
+    tmp_path, capsys, source, target, overrides, message
+):
+    config = corpus_config(tmp_path, source, target)
+    settings = [arg for override in overrides for arg in ("--set", override)]
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--config", str(config), "--workdir", str(tmp_path / "run"), *settings])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
 def copy_workdir(workdir, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns("export"))
