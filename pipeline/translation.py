@@ -5,6 +5,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
+from pipeline.config import defaults
 from pipeline.search import (
     beam_search,
     blank_empty_sources,
@@ -14,22 +15,25 @@ from pipeline.search import (
 )
 from pipeline.tokenizer import EOS_ID, PAD_ID, UNK_ID
 
+DECODE_DEFAULTS = defaults()["decode"]
+
 
 @dataclasses.dataclass(frozen=True)
 class SearchOptions:
     """How to search: beam search (beam_size 1 is greedy) or, with a temperature, sampling."""
 
-    beam_size: int = 5
+    # The decode section's defaults, declared once in the configuration schema.
+    beam_size: int = DECODE_DEFAULTS["beam_size"]
     n_best: int = 1
-    length_penalty: float = 0.6
-    length_penalty_type: str = "gnmt"
-    coverage_penalty: float = 0.0
-    min_length: int = 0
-    max_length_ratio: float = 1.5
-    max_length_offset: int = 10
-    max_length_cap: int = 250
-    max_source_length: int = 250
-    replace_unknown: bool = False
+    length_penalty: float = DECODE_DEFAULTS["length_penalty"]
+    length_penalty_type: str = DECODE_DEFAULTS["length_penalty_type"]
+    coverage_penalty: float = DECODE_DEFAULTS["coverage_penalty"]
+    min_length: int = DECODE_DEFAULTS["min_length"]
+    max_length_ratio: float = DECODE_DEFAULTS["max_length_ratio"]
+    max_length_offset: int = DECODE_DEFAULTS["max_length_offset"]
+    max_length_cap: int = DECODE_DEFAULTS["max_length_cap"]
+    max_source_length: int = DECODE_DEFAULTS["max_source_length"]
+    replace_unknown: bool = DECODE_DEFAULTS["replace_unknown"]
     sampling_temperature: float | None = None
     sampling_topk: int = 0
     sampling_topp: float = 1.0
