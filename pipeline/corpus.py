@@ -168,11 +168,10 @@ def _complete_lines(path, progress):
 
 def _bad_lines(block, tsv):
     """Indices (within `block`) of the lines that are not UTF-8 or, in a TSV, have no tab."""
+    bad = set()
     try:
         block.decode("utf-8")
-        bad = set()
     except UnicodeDecodeError:  # rare: find the lines, one by one
-        bad = set()
         for index, line in enumerate(block.split(b"\n")):
             try:
                 line.decode("utf-8")
@@ -204,7 +203,8 @@ def scan_file(path, tsv, skip_bad_lines, reservoirs=(), progress=lambda size: No
         if reservoirs:
             rows = block.split(b"\n")
             if bad:
-                rows = [row for index, row in enumerate(rows) if index not in set(bad)]
+                skipped = set(bad)
+                rows = [row for index, row in enumerate(rows) if index not in skipped]
             if tsv:
                 fields = [row.split(b"\t", 2) for row in rows]
                 columns = [field[0] for field in fields], [field[1] for field in fields]
