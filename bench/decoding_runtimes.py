@@ -29,7 +29,8 @@ import tensorflow_text  # noqa: E402, F401  (the SavedModel's tokenizer ops)
 from export.runtime import Translator as OnnxTranslator  # noqa: E402
 from pipeline.corpus import read_split  # noqa: E402
 from pipeline.evaluation import score_translations  # noqa: E402
-from pipeline.search import beam_search, max_decode_length  # noqa: E402
+from pipeline.search import beam_search, decode_length_limits  # noqa: E402
+from pipeline.tokenizer import PAD_ID  # noqa: E402
 from pipeline.workdir import load_trained  # noqa: E402
 
 
@@ -49,13 +50,12 @@ class KerasRuntime:
 
     def __init__(self, model, decode):
         def search(source_ids, beam_size, length_penalty):
-            lengths = tf.reduce_sum(tf.cast(source_ids != 0, tf.int32), axis=1)
-            limit = max_decode_length(
-                lengths, decode["max_length_ratio"], decode["max_length_offset"],
+            limits = decode_length_limits(
+                source_ids, PAD_ID, decode["max_length_ratio"], decode["max_length_offset"],
                 decode["max_length_cap"],
             )  # fmt: skip
             ids, _, scores, _ = beam_search(
-                model, source_ids, limit, beam_size, 1, length_penalty,
+                model, source_ids, limits, beam_size, 1, length_penalty,
                 decode["length_penalty_type"],
             )  # fmt: skip
             return ids[:, 0], scores[:, 0]

@@ -12,23 +12,20 @@ import json
 import sys
 import urllib.request
 
-SERVING_DEFAULT = "serving_default"
-BEAM_SEARCH = "beam_search"
-SEARCH_OPTIONS = {
-    "beam_size": "int32",
-    "n_best": "int32",
-    "length_penalty": "float32",
-    "max_length": "int32",
-}
+from export.signature import (
+    BEAM_SEARCH,
+    SENTENCES,
+    SERVING_DEFAULT,
+    SOURCE_IDS,
+    option_dtypes,
+)
 
 
 def _search_inputs(source_ids, options):
-    inputs = {"source_ids": (source_ids, "int32")}
-    for name, value in options.items():
-        if name not in SEARCH_OPTIONS:
-            raise TypeError(f"unknown search option {name!r}; expected {list(SEARCH_OPTIONS)}")
-        if value is not None:
-            inputs[name] = (value, SEARCH_OPTIONS[name])
+    inputs = {SOURCE_IDS: (source_ids, "int32")}
+    for name, dtype in option_dtypes(options).items():
+        if options[name] is not None:
+            inputs[name] = (options[name], dtype)
     return inputs
 
 
@@ -50,13 +47,13 @@ def translate_request(sentences, model_name, version=None):
     """A gRPC `PredictRequest` for `serving_default`: a `[batch]` string tensor."""
     sentences = [s.encode("utf-8") if isinstance(s, str) else s for s in sentences]
     return _predict_request(
-        model_name, SERVING_DEFAULT, {"sentences": (sentences, "string")}, version
+        model_name, SERVING_DEFAULT, {SENTENCES: (sentences, "string")}, version
     )
 
 
 def beam_search_request(source_ids, model_name, version=None, **options):
     """A gRPC `PredictRequest` for `beam_search`: right-padded int32 ids `[batch, src_len]`
-    and any of `beam_size`, `n_best`, `length_penalty`, `max_length` (others: defaults)."""
+    and any of `export.signature.SEARCH_OPTIONS` (the others take their defaults)."""
     return _predict_request(model_name, BEAM_SEARCH, _search_inputs(source_ids, options), version)
 
 

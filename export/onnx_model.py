@@ -4,8 +4,8 @@
 dynamic), optionally `model.int8.onnx` (the same with int8 weights in every matrix product,
 quantised dynamically by onnxruntime: faster, with translations that may differ a
 little), the source and target SentencePiece vocabularies (`.model` and plain `.vocab`) and
-`model.json`: special token ids, the decoding defaults and the file names. The scalar inputs
-`beam_size`, `n_best`, `length_penalty` and `max_length` carry their defaults as initializers,
+`model.json`: special token ids, the search options' defaults and dtypes, and the file names.
+The scalar inputs (`export.signature.SEARCH_OPTIONS`) carry their defaults as initializers,
 so ONNX Runtime lets a caller leave them out.
 """
 
@@ -17,6 +17,7 @@ import onnx
 import tf2onnx
 
 from export.onnx_rewrites import optimise_loops
+from export.signature import SEARCH_OPTIONS
 from pipeline.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 MODEL_FILE = "model.onnx"
@@ -26,11 +27,10 @@ FORMAT_VERSION = 1
 
 
 def _add_input_defaults(model, defaults):
-    """Gives each named scalar input an initializer: ONNX Runtime then treats it as optional."""
-    types = {"beam_size": np.int32, "n_best": np.int32, "max_length": np.int32}
-    for name, value in defaults.items():
-        array = np.array(value, dtype=types.get(name, np.float32))
-        model.graph.initializer.append(onnx.numpy_helper.from_array(array, name))
+    """Gives each search option an initializer: ONNX Runtime then treats it as optional."""
+    for option in SEARCH_OPTIONS:
+        array = np.array(defaults[option.name], dtype=option.dtype)
+        model.graph.initializer.append(onnx.numpy_helper.from_array(array, option.name))
 
 
 def write_int8(source, target):
@@ -68,6 +68,7 @@ def write_onnx(graph, directory, vocabulary_paths, opset, int8=True):
         **files,
         "special_ids": {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID},
         "defaults": graph.defaults,
+        "option_dtypes": {option.name: option.dtype for option in SEARCH_OPTIONS},
         "max_source_length": graph.max_source_length,
         "max_length_cap": graph.max_length_cap,
         "inputs": [node.name for node in model.graph.input],

@@ -19,8 +19,9 @@ import numpy as np
 import onnxruntime
 import sentencepiece
 
+from export.signature import SOURCE_IDS, option_dtypes
+
 METADATA_FILE = "model.json"
-SEARCH_OPTIONS = ("beam_size", "n_best", "length_penalty", "max_length")
 
 
 def _find_export(path):
@@ -80,13 +81,10 @@ class Translator:
 
     def search(self, source_ids, **options):
         """Runs the model on one padded batch: int32 `[batch, src_len]` -> dict of arrays."""
-        feeds = {"source_ids": np.asarray(source_ids, dtype=np.int32)}
-        for name, value in options.items():
-            if name not in SEARCH_OPTIONS:
-                raise TypeError(f"unknown search option {name!r}; expected {SEARCH_OPTIONS}")
-            if value is not None:
-                dtype = np.float32 if name == "length_penalty" else np.int32
-                feeds[name] = np.asarray(value, dtype=dtype)
+        feeds = {SOURCE_IDS: np.asarray(source_ids, dtype=np.int32)}
+        for name, dtype in option_dtypes(options).items():
+            if options[name] is not None:
+                feeds[name] = np.asarray(options[name], dtype=dtype)
         names = [output.name for output in self.session.get_outputs()]
         return dict(zip(names, self.session.run(names, feeds)))
 
@@ -112,7 +110,8 @@ class Translator:
         """The best translation of each sentence, as text ("" for an empty sentence).
 
         Options (each may be omitted, for the exported default): `beam_size`,
-        `length_penalty`, `max_length` (0: from the source length).
+        `length_penalty`, `max_length` (0: from each sentence's own length); see
+        `export.signature.SEARCH_OPTIONS`.
         """
         hypotheses = self.translate_ids(self.encode(sentences), **options)
         return [self.target.decode(best[0][0]) for best in hypotheses]

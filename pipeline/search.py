@@ -3,11 +3,19 @@
 Search depends only on the `EncoderDecoderModel` decoding contract (`encode`,
 `initial_decoder_state`, `decode_step`, and the `pad_id`/`bos_id`/`eos_id`/`target_vocab_size`
 attributes), never on a model's internals. Loops run over fixed-shape buffers (`[batch, beam,
-max_length]`), reorder beams with `tf.gather(..., batch_dims=1)`, stop early once every
-hypothesis has finished (beam search also drops each finished source from the batch), and
-avoid TensorArrays and integer one-hot ops, so that the same code converts to ONNX. Beam size,
+width]`), reorder beams with `tf.gather(..., batch_dims=1)`, stop early once every hypothesis
+has finished (beam search also drops each finished source from the batch), and avoid
+TensorArrays and integer one-hot ops, so that the same code converts to ONNX. Beam size,
 number of hypotheses, penalties and lengths may be tensors: changing them needs no retracing.
+
+A source's translation never depends on the other sources of its batch: each has its own
+length limit (`decode_length_limits`), is finished at it as if it had emitted </s>, and
+sampling draws each sentence's tokens from a seed of its own. Only the width of the output
+buffers (the longest limit of the batch) depends on the batch; the rows past a hypothesis'
+end are padding.
 """
+
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 
@@ -16,14 +24,28 @@ from layers.step_buffers import write_column
 NEG_INF = -1e9  # a finite "impossible" score: -inf would turn into NaN in sums and products
 
 
-def max_decode_length(source_lengths, ratio, offset, cap):
-    """Longest output allowed for a batch: ratio * longest source + offset, within [1, cap].
+def source_lengths(source_ids, pad_id):
+    """int32 `[batch]`: the tokens of each right-padded source."""
+    return tf.reduce_sum(tf.cast(tf.not_equal(source_ids, pad_id), tf.int32), axis=1)
 
-    An empty batch gets 1, so that its output buffers still have a valid shape.
+
+def decode_length_limits(source_ids, pad_id, ratio, offset, cap, max_length=0):
+    """int32 `[batch]`: the most tokens (</s> included) each source's translation may have.
+
+    `ceil(ratio * source length) + offset`, or `max_length` for every source where it is
+    positive; within [1, cap] either way.
     """
-    longest = tf.reduce_max(tf.concat([tf.reshape(source_lengths, [-1]), [0]], axis=0))
-    limit = tf.cast(tf.math.ceil(ratio * tf.cast(longest, tf.float32)), tf.int32) + offset
-    return tf.clip_by_value(limit, 1, cap)
+    lengths = tf.cast(source_lengths(source_ids, pad_id), tf.float32)
+    automatic = tf.cast(tf.math.ceil(ratio * lengths), tf.int32) + offset
+    limits = tf.where(tf.convert_to_tensor(max_length) > 0, max_length, automatic)
+    return tf.clip_by_value(limits, 1, cap)
+
+
+def _limits_and_width(max_lengths, batch):
+    """Each source's limit (`max_lengths` may be one for all) and the output buffers' width:
+    the longest limit (1 for an empty batch, so that buffers still have a valid shape)."""
+    limits = tf.broadcast_to(tf.cast(max_lengths, tf.int32), [batch])
+    return limits, tf.reduce_max(tf.concat([limits, [1]], axis=0))
 
 
 def _suppress_eos(log_probs, eos_id, t, min_length):
@@ -35,19 +57,21 @@ def _suppress_eos(log_probs, eos_id, t, min_length):
     return log_probs + tf.where(tf.logical_and(is_eos, t < min_length), NEG_INF, 0.0)
 
 
-def _sequential_search(model, source_ids, max_length, choose, min_length=0):
-    """Picks one token per step with `choose(log_probs, logits, t)` until </s> or max_length."""
+def _sequential_search(model, source_ids, max_lengths, choose, min_length=0):
+    """Picks one token per step with `choose(log_probs, logits, t)`; a source is finished at
+    </s> or at its limit."""
     batch = tf.shape(source_ids)[0]
+    limits, width = _limits_and_width(max_lengths, batch)
     encoded = model.encode(source_ids)
-    state = model.initial_decoder_state(encoded, max_length)
-    ids = tf.fill([batch, max_length], tf.constant(model.pad_id, tf.int32))
-    attention = tf.zeros([batch, max_length, tf.shape(source_ids)[1]], tf.float32)
+    state = model.initial_decoder_state(encoded, width)
+    ids = tf.fill([batch, width], tf.constant(model.pad_id, tf.int32))
+    attention = tf.zeros([batch, width, tf.shape(source_ids)[1]], tf.float32)
     finished = tf.zeros([batch], tf.bool)
     scores = tf.zeros([batch], tf.float32)
     tokens = tf.fill([batch], tf.constant(model.bos_id, tf.int32))
 
     def not_done(t, tokens, state, ids, attention, finished, scores):
-        return tf.logical_and(t < max_length, tf.logical_not(tf.reduce_all(finished)))
+        return tf.logical_and(t < width, tf.logical_not(tf.reduce_all(finished)))
 
     def step(t, tokens, state, ids, attention, finished, scores):
         logits, state, weights = model.decode_step(tokens, state, encoded, t)
@@ -61,7 +85,8 @@ def _sequential_search(model, source_ids, max_length, choose, min_length=0):
         if weights is not None:
             weights = tf.where(finished[:, None], 0.0, tf.cast(weights, tf.float32))
             attention = write_column(attention, t, weights, axis=1)
-        finished = tf.logical_or(finished, tf.equal(tokens, model.eos_id))
+        at_limit = t + 1 >= limits
+        finished = tf.logical_or(finished, tf.logical_or(tf.equal(tokens, model.eos_id), at_limit))
         return t + 1, tokens, state, ids, attention, finished, scores
 
     _, _, _, ids, attention, _, scores = tf.while_loop(
@@ -71,26 +96,27 @@ def _sequential_search(model, source_ids, max_length, choose, min_length=0):
     return ids, lengths, scores, attention
 
 
-def greedy_search(model, source_ids, max_length, min_length=0):
-    """The most probable token at each step, until </s> or `max_length` tokens.
+def greedy_search(model, source_ids, max_lengths, min_length=0):
+    """The most probable token at each step, until </s> or the source's limit.
 
     Args:
         model: a model honouring the decoding contract (see `layers.EncoderDecoderModel`).
         source_ids: int32 `[batch, src_len]`, right-padded.
-        max_length: scalar int, the most tokens to produce (</s> included).
+        max_lengths: int `[batch]` (see `decode_length_limits`) or one int for every source:
+            the most tokens each output may have (</s> included).
         min_length: </s> is forbidden before this many tokens.
 
-    Returns:
-        ids: int32 `[batch, max_length]`, each row ending with </s> then padding (or cut at
-            `max_length`); lengths: int32 `[batch]`, tokens up to and including </s>;
+    Returns (`width` is the largest of `max_lengths`):
+        ids: int32 `[batch, width]`, each row ending with </s> then padding (or cut at its
+            limit); lengths: int32 `[batch]`, tokens up to and including </s>;
         scores: float32 `[batch]`, the sum of the chosen tokens' log-probabilities;
-        attention: float32 `[batch, max_length, src_len]` (zeros for a model without it).
+        attention: float32 `[batch, width, src_len]` (zeros for a model without it).
     """
 
     def argmax(log_probs, logits, t):
         return tf.argmax(log_probs, axis=-1, output_type=tf.int32)
 
-    return _sequential_search(model, source_ids, max_length, argmax, min_length)
+    return _sequential_search(model, source_ids, max_lengths, argmax, min_length)
 
 
 def _filter_logits(logits, top_k, top_p):
@@ -107,22 +133,42 @@ def _filter_logits(logits, top_k, top_p):
     return tf.where(logits < threshold[:, None], NEG_INF, logits)
 
 
+def sentence_seeds(source_ids, pad_id, seed):
+    """int64 `[batch, 2]`: a random seed for each source, from `seed` and the source's ids
+    (padding aside), so that a sentence's sample does not depend on where it sits in a batch,
+    nor on its batch-mates."""
+    pieces = tf.RaggedTensor.from_tensor(source_ids, padding=pad_id)
+    text = tf.strings.reduce_join(tf.strings.as_string(pieces), axis=1, separator=" ")
+    keys = tf.strings.to_hash_bucket_fast(text, 2**31 - 1)
+    seed = tf.cast(tf.convert_to_tensor(seed), tf.int64)
+    return tf.map_fn(
+        lambda key: tf.random.experimental.stateless_fold_in(seed, key),
+        keys,
+        fn_output_signature=tf.TensorSpec([2], tf.int64),
+    )
+
+
 def sampling_search(
-    model, source_ids, max_length, temperature=1.0, top_k=0, top_p=1.0, seed=(0, 0), min_length=0
+    model, source_ids, max_lengths, temperature=1.0, top_k=0, top_p=1.0, seed=(0, 0), min_length=0
 ):
     """Draws each token from the model's distribution, sharpened or flattened by `temperature`
-    and restricted to the `top_k` tokens and the `top_p` nucleus. The same `seed` gives the same
-    output. Returns what `greedy_search` returns; scores are the untempered log-probabilities.
-    """
-    seed = tf.cast(tf.convert_to_tensor(seed), tf.int32)
+    and restricted to the `top_k` tokens and the `top_p` nucleus. A sentence's draws come from
+    its own seed (`sentence_seeds`): the same `seed` and sentence give the same output, alone
+    or in any batch. Returns what `greedy_search` returns; scores are the untempered
+    log-probabilities."""
+    seeds = sentence_seeds(source_ids, model.pad_id, seed)
 
     def draw(log_probs, logits, t):
         filtered = _filter_logits(logits / temperature, top_k, top_p)
-        step_seed = seed + tf.stack([t, 0])
-        sample = tf.random.stateless_categorical(filtered, 1, step_seed, dtype=tf.int32)
-        return sample[:, 0]
 
-    return _sequential_search(model, source_ids, max_length, draw, min_length)
+        def draw_one(row_and_seed):
+            row, row_seed = row_and_seed
+            step_seed = tf.random.experimental.stateless_fold_in(row_seed, t)
+            return tf.random.stateless_categorical(row[None], 1, step_seed, dtype=tf.int32)[0, 0]
+
+        return tf.map_fn(draw_one, (filtered, seeds), fn_output_signature=tf.int32)
+
+    return _sequential_search(model, source_ids, max_lengths, draw, min_length)
 
 
 def blank_empty_sources(source_ids, pad_id, ids, lengths, scores, attention):
@@ -154,48 +200,269 @@ def coverage_penalty(coverage, source_mask, beta):
     return beta * tf.reduce_sum(tf.where(source_mask, covered, 0.0), axis=-1)
 
 
-def _hypothesis_rows(sources, beam_size):
-    """The flat `[batch * k]` rows of the hypotheses of `sources` (int32 `[n]`), in order."""
-    return tf.reshape(sources[:, None] * beam_size + tf.range(beam_size)[None, :], [-1])
+# Beam search. Below, n is the number of sources still searched (the batch at the start:
+# finished sources leave), k the beam size, width the longest limit of the batch.
+
+
+class Ranking(NamedTuple):
+    """How finished hypotheses are scored: log P(Y|X) / length_penalty(|Y|) + coverage."""
+
+    alpha: Any  # float32 []: the length penalty's exponent
+    penalty: str  # "gnmt" or "average" (see `length_penalty`)
+    beta: Any  # float32 []: the coverage penalty's weight
+
+    def score(self, log_probs, length, coverage, source_mask):
+        return log_probs / length_penalty(length, self.alpha, self.penalty) + coverage_penalty(
+            coverage, source_mask, self.beta
+        )
+
+
+class Sources(NamedTuple):
+    """The sources still searched, one row each; constant between two departures."""
+
+    index: tf.Tensor  # int32 [n]: the source's row in the caller's batch
+    limit: tf.Tensor  # int32 [n]: the most tokens its hypotheses may have
+    mask: tf.Tensor  # bool [n, 1, src_len]: its real (non-padding) positions
+    encoded: Any  # the model's encoding: a nest of [n, ...] tensors, shared by the k beams
+
+
+class Alive(NamedTuple):
+    """Each source's k best hypotheses that have not ended, all t tokens long."""
+
+    ids: tf.Tensor  # int32 [n, k, width]: the tokens so far, then pad_id
+    log_probs: tf.Tensor  # float32 [n, k]: log P(y_1..y_t | X); NEG_INF: an empty place
+    attention: tf.Tensor  # float32 [n, k, width, src_len]: each step's weights so far
+    coverage: tf.Tensor  # float32 [n, k, src_len]: the weights summed over the steps
+
+
+class Finished(NamedTuple):
+    """Each source's k best hypotheses that ended with </s>, best first."""
+
+    ids: tf.Tensor  # int32 [n, k, width]: </s> included, then pad_id
+    scores: tf.Tensor  # float32 [n, k]: the ranking score; NEG_INF: an empty place
+    attention: tf.Tensor  # float32 [n, k, width, src_len]
+
+
+class BeamState(NamedTuple):
+    """What a step changes."""
+
+    t: tf.Tensor  # int32 []: the tokens each alive hypothesis has
+    tokens: tf.Tensor  # int32 [n * k]: the last token of each alive hypothesis (source-major)
+    decoder: Any  # the model's decoder state: a nest of [n * k, ...] tensors
+    alive: Alive
+    finished: Finished
+
+
+class Candidates(NamedTuple):
+    """The 2k best one-token extensions of each source's alive hypotheses, best first."""
+
+    ids: tf.Tensor  # int32 [n, 2k, width]: with the new token at position t
+    log_probs: tf.Tensor  # float32 [n, 2k]: log P(y_1..y_t+1 | X)
+    tokens: tf.Tensor  # int32 [n, 2k]: the new token
+    origin: tf.Tensor  # int32 [n, 2k]: the alive hypothesis (beam) it extends
+    coverage: tf.Tensor  # float32 [n, 2k, src_len]: its origin's, this step included
+    ends: tf.Tensor  # bool [n, 2k]: the new token is </s> (and the candidate real)
+
+
+class NBest(NamedTuple):
+    """The search's result for each source of the caller's batch, best first."""
+
+    ids: tf.Tensor  # int32 [batch, n_best, width]
+    scores: tf.Tensor  # float32 [batch, n_best]: the ranking score
+    attention: tf.Tensor  # float32 [batch, n_best, width, src_len]
 
 
 def _gather_rows(tree, rows):
     return tf.nest.map_structure(lambda x: tf.gather(x, rows), tree)
 
 
-def _best_hypotheses(alive, saved, t, n_best, alpha, penalty, beta, source_mask):
-    """The `n_best` ranked hypotheses of each source: the saved ones, then, for a source cut at
-    `t` = max_length with fewer than k saved, its best alive ones. Returns ids, scores and
-    attention, best first."""
-    beam_size = tf.shape(saved["scores"])[1]
-    alive_final = alive["scores"] / length_penalty(t, alpha, penalty)
-    alive_final += coverage_penalty(alive["coverage"], source_mask, beta)
-    alive_final, alive_order = tf.math.top_k(alive_final, k=beam_size)
-    n_saved = tf.reduce_sum(tf.cast(saved["scores"] > NEG_INF / 2, tf.int32), axis=1, keepdims=True)
+def _hypothesis_rows(sources, beam_size):
+    """The `[n * k]` rows (of `tokens` and `decoder`) of the hypotheses of `sources`."""
+    return tf.reshape(sources[:, None] * beam_size + tf.range(beam_size)[None, :], [-1])
+
+
+def _initial_state(model, source_ids, limits, width, beam_size):
+    """Every source in the batch, each with one alive hypothesis (<s>) and nothing finished."""
+    batch, src_len = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
+    pad = tf.constant(model.pad_id, tf.int32)
+    encoded = model.encode(source_ids)
+    sources = Sources(
+        index=tf.range(batch),
+        limit=limits,
+        mask=tf.not_equal(source_ids, model.pad_id)[:, None, :],
+        encoded=encoded,
+    )
+    # Each hypothesis has its own copy of the decoder state.
+    decoder = tf.nest.map_structure(
+        lambda x: tf.repeat(x, beam_size, axis=0), model.initial_decoder_state(encoded, width)
+    )
+    # Only the first beam is live at the start, or the k beams would be k copies.
+    first_beam = tf.equal(tf.range(beam_size), 0)
+    alive = Alive(
+        ids=tf.fill([batch, beam_size, width], pad),
+        log_probs=tf.tile(tf.where(first_beam, 0.0, NEG_INF)[None], [batch, 1]),
+        attention=tf.zeros([batch, beam_size, width, src_len]),
+        coverage=tf.zeros([batch, beam_size, src_len]),
+    )
+    finished = Finished(
+        ids=tf.fill([batch, beam_size, width], pad),
+        scores=tf.fill([batch, beam_size], NEG_INF),
+        attention=tf.zeros([batch, beam_size, width, src_len]),
+    )
+    tokens = tf.fill([batch * beam_size], tf.constant(model.bos_id, tf.int32))
+    return BeamState(tf.constant(0), tokens, decoder, alive, finished), sources
+
+
+def _expand(model, state, sources, beam_size, min_length):
+    """Runs the decoder one step and ranks the extensions of every alive hypothesis.
+
+    Returns the 2k best candidates of each source, the alive hypotheses with this step's
+    attention written in (a candidate's attention is its origin's: it is gathered only for
+    the hypotheses kept, never materialised for all 2k), and the decoder's new state.
+    """
+    n = tf.shape(sources.index)[0]
+    t, alive = state.t, state.alive
+    logits, decoder, weights = model.decode_step(state.tokens, state.decoder, sources.encoded, t)
+    logits = _suppress_eos(tf.cast(logits, tf.float32), model.eos_id, t, min_length)
+    # A source's best 2k candidates are among each beam's 2k likeliest tokens: rank those
+    # alone, normalised as logit - logsumexp, rather than [n, k * vocab] log-probabilities.
+    per_beam = tf.minimum(2 * beam_size, model.target_vocab_size)
+    beam_logits, beam_tokens = tf.math.top_k(logits, k=per_beam)
+    beam_log_probs = beam_logits - tf.reduce_logsumexp(logits, axis=-1, keepdims=True)
+    beam_log_probs = tf.reshape(beam_log_probs, [n, beam_size, per_beam])
+    totals = tf.reshape(alive.log_probs[:, :, None] + beam_log_probs, [n, -1])
+    log_probs, best = tf.math.top_k(totals, k=2 * beam_size)
+    origin = best // per_beam
+    tokens = tf.gather(tf.reshape(beam_tokens, [n, -1]), best, batch_dims=1)
+    ids = write_column(tf.gather(alive.ids, origin, batch_dims=1), t, tokens, axis=2)
+    if weights is not None:
+        step_weights = tf.reshape(tf.cast(weights, tf.float32), [n, beam_size, -1])
+        alive = alive._replace(
+            attention=write_column(alive.attention, t, step_weights, axis=2),
+            coverage=alive.coverage + step_weights,
+        )
+    ends = tf.logical_and(tf.equal(tokens, model.eos_id), log_probs > NEG_INF / 2)
+    coverage = tf.gather(alive.coverage, origin, batch_dims=1)
+    return Candidates(ids, log_probs, tokens, origin, coverage, ends), alive, decoder
+
+
+def _save_finished(finished, candidates, alive, t, sources, beam_size, ranking):
+    """Adds the candidates among the best k that end with </s> to the finished hypotheses,
+    scored for ranking, and keeps the best k (the seeds' "save it, but do not expand it")."""
+    in_top_k = tf.range(2 * beam_size) < beam_size
+    scores = ranking.score(candidates.log_probs, t + 1, candidates.coverage, sources.mask)
+    new = tf.where(tf.logical_and(candidates.ends, in_top_k), scores, NEG_INF)
+    scores, best = tf.math.top_k(tf.concat([finished.scores, new], axis=1), k=beam_size)
+    # Place k + j of the pool is candidate j, whose attention is alive row origin[j]'s.
+    candidate = tf.maximum(best - beam_size, 0)
+    attention_rows = tf.where(
+        best < beam_size, best, beam_size + tf.gather(candidates.origin, candidate, batch_dims=1)
+    )
+    return Finished(
+        ids=tf.gather(tf.concat([finished.ids, candidates.ids], 1), best, batch_dims=1),
+        scores=scores,
+        attention=tf.gather(
+            tf.concat([finished.attention, alive.attention], 1), attention_rows, batch_dims=1
+        ),
+    )
+
+
+def _keep_alive(candidates, alive, decoder, beam_size):
+    """The k best candidates that do not end, with their tokens and reordered decoder state."""
+    log_probs, keep = tf.math.top_k(
+        tf.where(candidates.ends, NEG_INF, candidates.log_probs), k=beam_size
+    )
+    parents = tf.gather(candidates.origin, keep, batch_dims=1)
+    alive = Alive(
+        ids=tf.gather(candidates.ids, keep, batch_dims=1),
+        log_probs=log_probs,
+        attention=tf.gather(alive.attention, parents, batch_dims=1),
+        coverage=tf.gather(candidates.coverage, keep, batch_dims=1),
+    )
+    n = tf.shape(parents)[0]
+    decoder = _gather_rows(decoder, tf.reshape(parents + tf.range(n)[:, None] * beam_size, [-1]))
+    tokens = tf.reshape(tf.gather(candidates.tokens, keep, batch_dims=1), [-1])
+    return alive, tokens, decoder
+
+
+def _step(model, state, sources, beam_size, min_length, ranking):
+    candidates, alive, decoder = _expand(model, state, sources, beam_size, min_length)
+    finished = _save_finished(
+        state.finished, candidates, alive, state.t, sources, beam_size, ranking
+    )
+    alive, tokens, decoder = _keep_alive(candidates, alive, decoder, beam_size)
+    return BeamState(state.t + 1, tokens, decoder, alive, finished)
+
+
+def _is_done(state, sources):
+    """bool `[n]`: the source has k finished hypotheses, or its hypotheses are at its limit
+    (where alive hypotheses stand in for missing finished ones, as if they had ended)."""
+    has_k = tf.reduce_all(state.finished.scores > NEG_INF / 2, axis=1)
+    return tf.logical_or(has_k, state.t >= sources.limit)
+
+
+def _n_best(state, sources, n_best, ranking, rows):
+    """The `n_best` best hypotheses of the sources `rows` (int32 `[m]`): the finished ones,
+    then, for a source cut at its limit with fewer than k finished, its best alive ones
+    (scored at length t). Ranked over every source of the batch and then gathered: no
+    reduction runs over an empty batch (ONNX Runtime gets some of those wrong)."""
+    alive, finished = state.alive, state.finished
+    beam_size = tf.shape(finished.scores)[1]
+    alive_scores = ranking.score(alive.log_probs, state.t, alive.coverage, sources.mask)
+    alive_scores, alive_order = tf.math.top_k(alive_scores, k=beam_size)
+    n_finished = tf.reduce_sum(
+        tf.cast(finished.scores > NEG_INF / 2, tf.int32), axis=1, keepdims=True
+    )
     place = tf.range(n_best)[None, :]
-    source = tf.where(place < n_saved, place, beam_size + place - n_saved)
+    pool_index = tf.where(place < n_finished, place, beam_size + place - n_finished)
+    scores = tf.gather(tf.concat([finished.scores, alive_scores], 1), pool_index, batch_dims=1)
+    pool_index, alive_order = tf.gather(pool_index, rows), tf.gather(alive_order, rows)
 
-    def pick(saved_values, alive_values):
-        pool = tf.concat([saved_values, tf.gather(alive_values, alive_order, batch_dims=1)], 1)
-        return tf.gather(pool, source, batch_dims=1)
+    def pick(finished_values, alive_values):
+        alive_values = tf.gather(tf.gather(alive_values, rows), alive_order, batch_dims=1)
+        pool = tf.concat([tf.gather(finished_values, rows), alive_values], 1)
+        return tf.gather(pool, pool_index, batch_dims=1)
 
-    scores = tf.gather(tf.concat([saved["scores"], alive_final], 1), source, batch_dims=1)
-    return pick(saved["ids"], alive["ids"]), scores, pick(saved["attention"], alive["attention"])
+    return NBest(
+        ids=pick(finished.ids, alive.ids),
+        scores=tf.gather(scores, rows),
+        attention=pick(finished.attention, alive.attention),
+    )
+
+
+def _record(results, index, n_best):
+    """`results` with the rows `index` (the caller's, int32 `[m]`) set to `n_best`."""
+    at = index[:, None]
+    return NBest(*(tf.tensor_scatter_nd_update(r, at, v) for r, v in zip(results, n_best)))
+
+
+def _retire(state, sources, results, n_best, ranking, beam_size):
+    """Records the n-best of the sources that are done and drops their rows from the batch,
+    so that later steps spend nothing on them. Called with at least one source not done:
+    the batch never empties (ONNX Runtime mishandles some reductions of empty tensors)."""
+    done = _is_done(state, sources)
+    leaving = tf.cast(tf.where(done)[:, 0], tf.int32)
+    staying = tf.cast(tf.where(tf.logical_not(done))[:, 0], tf.int32)
+    departing = _n_best(state, sources, n_best, ranking, leaving)
+    results = _record(results, tf.gather(sources.index, leaving), departing)
+    rows = _hypothesis_rows(staying, beam_size)
+    state = BeamState(
+        state.t,
+        tf.gather(state.tokens, rows),
+        _gather_rows(state.decoder, rows),
+        *_gather_rows((state.alive, state.finished), staying),
+    )
+    return state, _gather_rows(sources, staying), results
 
 
 def _any_shape(tree):
     return tf.nest.map_structure(lambda x: tf.TensorShape([None] * x.shape.rank), tree)
 
 
-def _finished(saved):
-    """Whether each source has its k hypotheses saved: `[n]` from saved scores `[n, k]`."""
-    return tf.reduce_all(saved["scores"] > NEG_INF / 2, axis=1)
-
-
 def beam_search(
     model,
     source_ids,
-    max_length,
+    max_lengths,
     beam_size=5,
     n_best=1,
     alpha=0.0,
@@ -203,173 +470,77 @@ def beam_search(
     beta=0.0,
     min_length=0,
 ):
-    """Batched beam search with length normalisation (the seeds' 004 algorithm).
+    """Batched beam search with length normalisation and coverage penalty (Wu et al., 2016,
+    "Google's Neural Machine Translation System", section 7), keeping finished and alive
+    hypotheses apart as in Tensor2Tensor (Vaswani et al., 2018).
 
     At each step every alive hypothesis is extended by every token; of the best 2k candidates,
-    those among the top k that end in </s> are saved and not expanded, and the best k that do
-    not end in </s> stay alive. A source is done once k hypotheses have been saved for it (the
-    best k are kept): its results are set aside and its rows leave the batch, so that later
-    steps spend nothing on it. Search stops when every source is done, or at `max_length`,
-    where alive hypotheses fill any places still empty. Saved hypotheses are ranked by
+    those among the top k that end in </s> are finished (saved, and not expanded), and the
+    best k that do not end stay alive. A source is done once it has k finished hypotheses or
+    its hypotheses reach its limit, where its best alive ones fill the places still empty;
+    its results are set aside and its rows leave the batch. Hypotheses are ranked by
     log P(Y|X) / length_penalty(|Y|) + coverage_penalty, and the best `n_best` returned.
+
+    Steps run in an inner loop until some source is done, and an outer loop retires the done
+    sources: no per-step branch, and a batch that shrinks as its sources finish.
 
     Args:
         model: a model honouring the decoding contract (see `layers.EncoderDecoderModel`).
         source_ids: int32 `[batch, src_len]`, right-padded.
-        max_length: most tokens per hypothesis (</s> included).
+        max_lengths: int `[batch]` (see `decode_length_limits`) or one int for every source:
+            the most tokens per hypothesis (</s> included).
         beam_size: k, hypotheses kept alive per sentence. 1 gives the greedy output.
         n_best: hypotheses returned per sentence (at most `beam_size`).
         alpha, penalty: the length penalty (see `length_penalty`).
         beta: the weight of the coverage penalty (0 for none).
         min_length: </s> is forbidden before this many tokens.
 
-    Returns:
-        ids: int32 `[batch, n_best, max_length]`, best first; lengths: int32 `[batch, n_best]`
+    Returns (`width` is the largest of `max_lengths`):
+        ids: int32 `[batch, n_best, width]`, best first; lengths: int32 `[batch, n_best]`
         (</s> included); scores: float32 `[batch, n_best]` (the ranking score);
-        attention: float32 `[batch, n_best, max_length, src_len]`.
+        attention: float32 `[batch, n_best, width, src_len]`.
     """
     source_ids = tf.convert_to_tensor(source_ids, tf.int32)
     beam_size = tf.convert_to_tensor(beam_size, tf.int32)
     n_best = tf.minimum(tf.convert_to_tensor(n_best, tf.int32), beam_size)
-    alpha = tf.convert_to_tensor(alpha, tf.float32)
-    beta = tf.convert_to_tensor(beta, tf.float32)
+    ranking = Ranking(
+        tf.convert_to_tensor(alpha, tf.float32), penalty, tf.convert_to_tensor(beta, tf.float32)
+    )
     batch, src_len = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
-    vocab = model.target_vocab_size
-    pad = tf.constant(model.pad_id, tf.int32)
-
-    encoded = model.encode(source_ids)
-    # Hypotheses get their own copy of the state; the encoded source is shared by its beams.
-    initial_state = model.initial_decoder_state(encoded, max_length)
-    state = tf.nest.map_structure(lambda x: tf.repeat(x, beam_size, axis=0), initial_state)
-    # Per source (one row each): the batch index of the source, its mask, and its encoding.
-    sources = {
-        "index": tf.range(batch),
-        "mask": tf.not_equal(source_ids, model.pad_id)[:, None, :],
-        "encoded": encoded,
-    }
-    # Only the first beam is live at the start, or the k beams would be k copies.
-    first_beam = tf.equal(tf.range(beam_size), 0)
-    alive = {
-        "ids": tf.fill([batch, beam_size, max_length], pad),
-        "scores": tf.tile(tf.where(first_beam, 0.0, NEG_INF)[None], [batch, 1]),
-        "attention": tf.zeros([batch, beam_size, max_length, src_len]),
-        "coverage": tf.zeros([batch, beam_size, src_len]),
-    }
-    saved = {
-        "ids": tf.fill([batch, beam_size, max_length], pad),
-        "scores": tf.fill([batch, beam_size], NEG_INF),
-        "attention": tf.zeros([batch, beam_size, max_length, src_len]),
-    }
-    done = saved  # the saved hypotheses of the sources that left the batch, by batch index
-    tokens = tf.fill([batch * beam_size], tf.constant(model.bos_id, tf.int32))
-
-    def any_unfinished(t, tokens, state, sources, alive, saved, done):
-        return tf.logical_and(t < max_length, tf.logical_not(tf.reduce_all(_finished(saved))))
-
-    def step(t, tokens, state, alive, saved, sources):
-        n = tf.shape(sources["index"])[0]
-        logits, state, weights = model.decode_step(tokens, state, sources["encoded"], t)
-        logits = _suppress_eos(tf.cast(logits, tf.float32), model.eos_id, t, min_length)
-        # A sentence's best 2k candidates are among each beam's 2k likeliest tokens: rank those
-        # alone, normalised as logit - logsumexp, rather than [batch, k * vocab] log-probs.
-        per_beam = tf.minimum(2 * beam_size, vocab)
-        beam_logits, beam_tokens = tf.math.top_k(logits, k=per_beam)
-        beam_log_probs = beam_logits - tf.reduce_logsumexp(logits, axis=-1, keepdims=True)
-        beam_log_probs = tf.reshape(beam_log_probs, [n, beam_size, per_beam])
-        candidates = tf.reshape(alive["scores"][:, :, None] + beam_log_probs, [n, -1])
-        top_scores, top_indices = tf.math.top_k(candidates, k=2 * beam_size)
-        origin = top_indices // per_beam
-        top_tokens = tf.gather(tf.reshape(beam_tokens, [n, -1]), top_indices, batch_dims=1)
-
-        ids = write_column(tf.gather(alive["ids"], origin, batch_dims=1), t, top_tokens, axis=2)
-        alive_attention, alive_coverage = alive["attention"], alive["coverage"]
-        if weights is not None:
-            # A candidate's attention is its origin's: written to the k alive rows, and
-            # gathered only for the rows kept (never materialised for all 2k candidates).
-            beam_weights = tf.reshape(tf.cast(weights, tf.float32), [n, beam_size, -1])
-            alive_attention = write_column(alive_attention, t, beam_weights, axis=2)
-            alive_coverage += beam_weights
-        coverage = tf.gather(alive_coverage, origin, batch_dims=1)
-
-        # Save the candidates among the top k that end the sentence.
-        ends = tf.logical_and(tf.equal(top_tokens, model.eos_id), top_scores > NEG_INF / 2)
-        in_top_k = tf.range(2 * beam_size) < beam_size
-        normalized = top_scores / length_penalty(t + 1, alpha, penalty)
-        normalized += coverage_penalty(coverage, sources["mask"], beta)
-        new_saved = tf.where(tf.logical_and(ends, in_top_k), normalized, NEG_INF)
-        saved_scores, best = tf.math.top_k(tf.concat([saved["scores"], new_saved], 1), beam_size)
-        # Pool index k + j (candidate j) takes its attention from alive row origin[j].
-        candidate = tf.maximum(best - beam_size, 0)
-        attention_rows = tf.where(
-            best < beam_size, best, beam_size + tf.gather(origin, candidate, batch_dims=1)
-        )
-        saved = {
-            "ids": tf.gather(tf.concat([saved["ids"], ids], 1), best, batch_dims=1),
-            "scores": saved_scores,
-            "attention": tf.gather(
-                tf.concat([saved["attention"], alive_attention], 1), attention_rows, batch_dims=1
-            ),
-        }
-
-        # Keep the best k candidates that do not end.
-        alive_scores, keep = tf.math.top_k(tf.where(ends, NEG_INF, top_scores), k=beam_size)
-        parents = tf.gather(origin, keep, batch_dims=1)
-        alive = {
-            "ids": tf.gather(ids, keep, batch_dims=1),
-            "scores": alive_scores,
-            "attention": tf.gather(alive_attention, parents, batch_dims=1),
-            "coverage": tf.gather(coverage, keep, batch_dims=1),
-        }
-        flat_parents = tf.reshape(parents + tf.range(n)[:, None] * beam_size, [-1])
-        state = _gather_rows(state, flat_parents)
-        tokens = tf.reshape(tf.gather(top_tokens, keep, batch_dims=1), [-1])
-
-        return t + 1, tokens, state, alive, saved
-
-    def retire_and_decode(t, tokens, state, sources, alive, saved, done):
-        # Set aside the finished sources' results and drop their rows (at the first call none
-        # has finished, and nothing leaves). The last sources never leave, so that the batch
-        # is never empty (ONNX Runtime mishandles some reductions of empty tensors).
-        finished = _finished(saved)
-        leaving = tf.cast(tf.where(finished)[:, 0], tf.int32)
-        staying = tf.cast(tf.where(tf.logical_not(finished))[:, 0], tf.int32)
-        at = tf.gather(sources["index"], leaving)[:, None]
-        done = tf.nest.map_structure(
-            lambda d, s: tf.tensor_scatter_nd_update(d, at, tf.gather(s, leaving)), done, saved
-        )
-        rows = _hypothesis_rows(staying, beam_size)
-        tokens, state = tf.gather(tokens, rows), _gather_rows(state, rows)
-        sources, alive, saved = _gather_rows((sources, alive, saved), staying)
-
-        # Steps until a source finishes, in a loop of its own: no per-step branch.
-        def none_finished(t, tokens, state, alive, saved):
-            return tf.logical_and(t < max_length, tf.logical_not(tf.reduce_any(_finished(saved))))
-
-        t, tokens, state, alive, saved = tf.while_loop(
-            none_finished,
-            lambda *loop_vars: step(*loop_vars, sources),
-            (t, tokens, state, alive, saved),
-            shape_invariants=_any_shape((t, tokens, state, alive, saved)),
-        )
-        return t, tokens, state, sources, alive, saved, done
-
-    loop_vars = (tf.constant(0), tokens, state, sources, alive, saved, done)
-    # Beam and batch sizes may be constants or tensors, and sources leave the batch: let every
-    # dimension vary but the encoding's feature sizes (which its consumers may need to know).
-    invariants = _any_shape(loop_vars)
-    invariants[3]["encoded"] = tf.nest.map_structure(
-        lambda x: tf.TensorShape([None] + x.shape[1:]), encoded
-    )
-    t, _, _, sources, alive, saved, done = tf.while_loop(
-        any_unfinished, retire_and_decode, loop_vars, shape_invariants=invariants
+    limits, width = _limits_and_width(max_lengths, batch)
+    state, sources = _initial_state(model, source_ids, limits, width, beam_size)
+    results = NBest(
+        ids=tf.fill([batch, n_best, width], tf.constant(model.pad_id, tf.int32)),
+        scores=tf.zeros([batch, n_best]),
+        attention=tf.zeros([batch, n_best, width, src_len]),
     )
 
-    # Sources still in the batch are done too, or were cut at max_length.
-    at = sources["index"][:, None]
-    cut = _best_hypotheses(alive, saved, t, n_best, alpha, penalty, beta, sources["mask"])
-    ids, scores, attention = (
-        tf.tensor_scatter_nd_update(values[:, :n_best], at, cut_values)
-        for values, cut_values in zip((done["ids"], done["scores"], done["attention"]), cut)
+    def decode_until_one_is_done(state, sources, results):
+        state, sources, results = _retire(state, sources, results, n_best, ranking, beam_size)
+        # The sources are constants of the inner loop: its ONNX Loop carries only the state.
+        state = tf.while_loop(
+            lambda state: tf.logical_not(tf.reduce_any(_is_done(state, sources))),
+            lambda state: (_step(model, state, sources, beam_size, min_length, ranking),),
+            (state,),
+            shape_invariants=(_any_shape(state),),
+        )[0]
+        return state, sources, results
+
+    # Beam and batch sizes may be constants or tensors, and sources leave the batch: every
+    # dimension may vary but the encoding's feature sizes (which its consumers may need).
+    invariants = _any_shape((state, sources, results))
+    encoded_shapes = tf.nest.map_structure(
+        lambda x: tf.TensorShape([None] + x.shape[1:]), sources.encoded
     )
-    lengths = tf.reduce_sum(tf.cast(tf.not_equal(ids, model.pad_id), tf.int32), axis=2)
-    return ids, lengths, scores, attention
+    invariants = (invariants[0], invariants[1]._replace(encoded=encoded_shapes), invariants[2])
+    state, sources, results = tf.while_loop(
+        lambda state, sources, results: tf.logical_not(tf.reduce_all(_is_done(state, sources))),
+        decode_until_one_is_done,
+        (state, sources, results),
+        shape_invariants=invariants,
+    )
+    # The sources still in the batch are done too.
+    remaining = _n_best(state, sources, n_best, ranking, tf.range(tf.shape(sources.index)[0]))
+    results = _record(results, sources.index, remaining)
+    lengths = tf.reduce_sum(tf.cast(tf.not_equal(results.ids, model.pad_id), tf.int32), axis=2)
+    return results.ids, lengths, results.scores, results.attention

@@ -9,8 +9,8 @@ from pipeline.config import defaults
 from pipeline.search import (
     beam_search,
     blank_empty_sources,
+    decode_length_limits,
     greedy_search,
-    max_decode_length,
     sampling_search,
 )
 from pipeline.tokenizer import EOS_ID, PAD_ID, UNK_ID
@@ -74,7 +74,8 @@ class Translator:
 
     Sentences are sorted by length and decoded in batches of `batch_size` so that little
     work goes to padding; results keep the input order. A translation never depends on the
-    other sentences of its batch: padding is masked throughout.
+    other sentences of its batch: padding is masked throughout, each sentence has its own
+    length limit, and sampling draws from each sentence's own seed.
     """
 
     def __init__(self, model, source_tokenizer, target_tokenizer, options, batch_size=64):
@@ -92,21 +93,20 @@ class Translator:
     def _search_batch(self, source_ids):
         """ids `[batch, n, max_len]`, scores `[batch, n]`, attention `[batch, n, max_len, src]`."""
         o = self.options
-        lengths = tf.reduce_sum(tf.cast(source_ids != PAD_ID, tf.int32), axis=1)
-        max_length = max_decode_length(
-            lengths, o.max_length_ratio, o.max_length_offset, o.max_length_cap
+        limits = decode_length_limits(
+            source_ids, PAD_ID, o.max_length_ratio, o.max_length_offset, o.max_length_cap
         )
         if o.sampling_temperature is not None:
             single = sampling_search(
-                self.model, source_ids, max_length, o.sampling_temperature, o.sampling_topk,
+                self.model, source_ids, limits, o.sampling_temperature, o.sampling_topk,
                 o.sampling_topp, seed=(o.seed, 0), min_length=o.min_length,
             )  # fmt: skip
         elif o.beam_size == 1 and o.n_best == 1:
-            single = greedy_search(self.model, source_ids, max_length, o.min_length)
+            single = greedy_search(self.model, source_ids, limits, o.min_length)
         else:
             single = None
             outputs = beam_search(
-                self.model, source_ids, max_length, o.beam_size, o.n_best,
+                self.model, source_ids, limits, o.beam_size, o.n_best,
                 o.length_penalty, o.length_penalty_type, o.coverage_penalty, o.min_length,
             )  # fmt: skip
         if single is not None:

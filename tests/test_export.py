@@ -4,6 +4,7 @@ and the Node.js example, on a briefly trained smoke model."""
 
 import collections
 import json
+import math
 import shutil
 import subprocess
 
@@ -15,9 +16,11 @@ import tensorflow as tf
 
 import export.__main__ as export_cli
 from export import client
+from export.exporter import export_onnx, export_saved_model
 from export.onnx_rewrites import optimise_loops, subgraphs
 from export.runtime import Translator as OnnxTranslator
 from export.serving_check import read_meta_graph, unsupported_ops, write_signature_only
+from export.serving_graph import TranslationGraph
 from helpers import padded_ids, real_sentences, run_python, search_onnx, search_saved_model
 from pipeline.config import PROJECT_ROOT
 from pipeline.search import greedy_search
@@ -364,3 +367,130 @@ def test_node_example_translates_like_the_python_runtime(out):
         out, json.dumps(sentences),
     )  # fmt: skip
     assert result.stdout.split("\n")[: len(sentences)] == json.loads(python)
+
+
+@pytest.fixture(scope="module")
+def never_ending_export(workdir, tmp_path_factory):
+    """The smoke model with </s> and padding pushed out of reach (every hypothesis runs to
+    its limit), exported in both formats: (SavedModel loaded, ONNX session, decode config)."""
+    config, model, source_tokenizer, target_tokenizer = load_trained(workdir)
+    bias = model.decoder.output_projection.bias
+    bias.assign(tf.tensor_scatter_nd_update(bias, [[0], [3]], [-1e4, -1e4]))  # pad, </s>
+    graph = TranslationGraph(
+        model, source_tokenizer.model_proto, target_tokenizer.model_proto, config["decode"]
+    )
+    out = tmp_path_factory.mktemp("never_ending")
+    saved_model = export_saved_model(graph, out, MODEL_NAME, 1, log=lambda _: None)
+    onnx_dir = export_onnx(graph, workdir, out, 17, int8=False, log=lambda _: None)
+    session = onnxruntime.InferenceSession(
+        str(onnx_dir / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+    return tf.saved_model.load(str(saved_model)), session, config["decode"]
+
+
+def padded(rows):
+    batch = np.zeros((len(rows), max(map(len, rows))), np.int32)
+    for i, row in enumerate(rows):
+        batch[i, : len(row)] = row
+    return batch
+
+
+def test_exports_cut_each_sentence_at_its_own_limit(never_ending_export):
+    loaded, session, decode = never_ending_export
+    rng = np.random.default_rng(5)
+    rows = [rng.integers(4, 300, size=n).tolist() for n in (1, 2, 4, 6, 30)]
+    cap, ratio, offset = (
+        decode["max_length_cap"],
+        decode["max_length_ratio"],
+        decode["max_length_offset"],
+    )
+    limits = [min(math.ceil(ratio * len(row)) + offset, cap) for row in rows]
+    assert len(set(limits)) == 5 and limits[-1] == cap
+    runtimes = {"SavedModel": lambda ids, **o: search_saved_model(loaded, ids, **o),
+                "ONNX Runtime": lambda ids, **o: search_onnx(session, ids, **o)}  # fmt: skip
+    for name, search in runtimes.items():
+        for options in (
+            {"beam_size": np.int32(1)},
+            {"beam_size": np.int32(5), "n_best": np.int32(3)},
+        ):
+            batched = search(padded(rows), **options)
+            np.testing.assert_array_equal(
+                batched["lengths"],
+                np.repeat([limits], batched["lengths"].shape[1], 0).T,
+                err_msg=name,
+            )
+            for i, row in enumerate(rows):
+                alone = search(padded([row]), **options)
+                np.testing.assert_array_equal(alone["lengths"][0], batched["lengths"][i])
+                np.testing.assert_array_equal(alone["ids"][0], batched["ids"][i, :, : limits[i]])
+        # An explicit max_length is every sentence's limit, still within the cap.
+        for asked, expected in ((7, 7), (10_000, cap)):
+            lengths = search(padded(rows), max_length=np.int32(asked))["lengths"]
+            assert np.all(lengths == expected), name
+
+
+def test_exports_translate_a_sentence_the_same_in_any_batch(workdir, loaded, onnx_session):
+    """Short sentences batched with the longest, alone, and in a shuffled order: the same
+    n-best ids and scores, greedy and beam 5, in the SavedModel and ONNX Runtime."""
+    sentences = real_sentences(40)
+    sentences = sorted(sentences, key=len)[:8] + [max(sentences, key=len)]
+    source_ids = padded_ids(workdir, sentences)
+    lengths = (source_ids != 0).sum(1)
+    shuffle = np.random.default_rng(1).permutation(len(sentences))
+    runtimes = {"SavedModel": lambda ids, **o: search_saved_model(loaded, ids, **o),
+                "ONNX Runtime": lambda ids, **o: search_onnx(onnx_session, ids, **o)}  # fmt: skip
+    for name, search in runtimes.items():
+        for options in (
+            {"beam_size": np.int32(1)},
+            {"beam_size": np.int32(5), "n_best": np.int32(5)},
+        ):
+            batched = search(source_ids, **options)
+            shuffled = search(source_ids[shuffle], **options)
+            for i, n in enumerate(lengths):
+                alone = search(source_ids[i : i + 1, :n], **options)
+                at = int(np.flatnonzero(shuffle == i)[0])
+                for other, row in ((batched, i), (shuffled, at)):
+                    width = alone["ids"].shape[2]
+                    np.testing.assert_array_equal(
+                        other["ids"][row, :, :width], alone["ids"][0], err_msg=name
+                    )
+                    assert not other["ids"][row, :, width:].any()
+                    np.testing.assert_allclose(
+                        other["scores"][row], alone["scores"][0], atol=1e-5, err_msg=name
+                    )
+                    np.testing.assert_allclose(
+                        other["attention"][row, :, :width, :n], alone["attention"][0], atol=1e-5
+                    )
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"beam_size": 1}, {"sampling_temperature": 1.0, "seed": 7}, {"beam_size": 5, "n_best": 5}],
+    ids=["greedy", "sampling", "beam"],
+)
+def test_translator_gives_a_sentence_the_same_translation_in_any_batch(workdir, options):
+    config, model, source_tokenizer, target_tokenizer = load_trained(workdir)
+    search = SearchOptions.from_config(config["decode"], **options)
+    sentences = real_sentences(30)
+    sentences = sorted(sentences, key=len)[:6] + [max(sentences, key=len)]
+    shuffle = np.random.default_rng(2).permutation(len(sentences))
+
+    def translate(batch_size, order):
+        translator = Translator(model, source_tokenizer, target_tokenizer, search, batch_size)
+        hypotheses = translator.translate([sentences[i] for i in order])
+        by_sentence = dict(zip(order, hypotheses))
+        return [
+            [(h.text, h.score, h.target_tokens) for h in by_sentence[i]]
+            for i in range(len(sentences))
+        ]
+
+    together = translate(len(sentences), range(len(sentences)))
+    assert [len(h) for h in together] == [options.get("n_best", 1)] * len(sentences)
+    for other in (translate(1, range(len(sentences))), translate(len(sentences), shuffle.tolist())):
+        for mine, theirs in zip(other, together):
+            assert [(text, tokens) for text, _, tokens in mine] == [
+                (text, tokens) for text, _, tokens in theirs
+            ]
+            np.testing.assert_allclose(
+                [s for _, s, _ in mine], [s for _, s, _ in theirs], atol=1e-5
+            )

@@ -9,7 +9,13 @@ import tensorflow as tf
 
 import layers
 from helpers import reversal_data
-from pipeline.search import beam_search, greedy_search, length_penalty, sampling_search
+from pipeline.search import (
+    beam_search,
+    decode_length_limits,
+    greedy_search,
+    length_penalty,
+    sampling_search,
+)
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
@@ -64,10 +70,10 @@ SOURCE = np.array([[7, 8, 9]], np.int32)
 
 def test_beam_search_finds_what_greedy_misses():
     model = TableModel(GREEDY_TRAP)
-    ids, lengths, scores, _ = greedy_search(model, SOURCE, max_length=5)
+    ids, lengths, scores, _ = greedy_search(model, SOURCE, max_lengths=5)
     assert ids.numpy()[0, :2].tolist() == [A, EOS] and lengths.numpy()[0] == 2
     assert scores.numpy()[0] == pytest.approx(math.log(0.5 * 0.4), abs=1e-6)
-    ids, lengths, scores, _ = beam_search(model, SOURCE, max_length=5, beam_size=2, n_best=2)
+    ids, lengths, scores, _ = beam_search(model, SOURCE, max_lengths=5, beam_size=2, n_best=2)
     assert ids.numpy()[0, 0, :2].tolist() == [B, EOS]
     assert scores.numpy()[0, 0] == pytest.approx(math.log(0.4 * 0.9), abs=1e-6)
     assert ids.numpy()[0, 1, :2].tolist() == [A, EOS]
@@ -104,7 +110,7 @@ def test_scores_and_ranking_match_exhaustive_enumeration(rng, alpha, penalty):
     ids, lengths, scores, _ = beam_search(
         TableModel(probs),
         SOURCE,
-        max_length=4,
+        max_lengths=4,
         beam_size=32,
         n_best=15,
         alpha=alpha,
@@ -119,11 +125,11 @@ def test_length_penalty_changes_the_choice():
     # "C </s>" has the best log-probability; "A ... A </s>" the best per token.
     probs = table({BOS: {A: 0.7, C: 0.3}, A: {A: 0.8, EOS: 0.2}, C: {EOS: 0.5, C: 0.5}}, vocab=7)
     model = TableModel(probs)
-    ids, lengths, scores, _ = beam_search(model, SOURCE, max_length=6, beam_size=3, alpha=0.0)
+    ids, lengths, scores, _ = beam_search(model, SOURCE, max_lengths=6, beam_size=3, alpha=0.0)
     assert ids.numpy()[0, 0, :2].tolist() == [C, EOS]
     assert scores.numpy()[0, 0] == pytest.approx(math.log(0.3 * 0.5), abs=1e-5)
     ids, lengths, scores, _ = beam_search(
-        model, SOURCE, max_length=6, beam_size=3, alpha=1.0, penalty="average"
+        model, SOURCE, max_lengths=6, beam_size=3, alpha=1.0, penalty="average"
     )
     # Three saved hypotheses end the search: C </s>, A </s> and A A </s>; the last wins.
     assert ids.numpy()[0, 0].tolist() == [A, A, EOS, PAD, PAD, PAD]
@@ -134,8 +140,8 @@ def test_length_penalty_changes_the_choice():
 def test_min_length_suppresses_early_end():
     model = TableModel(GREEDY_TRAP)
     for search in (
-        lambda m: greedy_search(m, SOURCE, max_length=6, min_length=3)[0].numpy()[0],
-        lambda m: beam_search(m, SOURCE, max_length=6, beam_size=2, min_length=3)[0].numpy()[0, 0],
+        lambda m: greedy_search(m, SOURCE, max_lengths=6, min_length=3)[0].numpy()[0],
+        lambda m: beam_search(m, SOURCE, max_lengths=6, beam_size=2, min_length=3)[0].numpy()[0, 0],
     ):
         ids = search(model)
         end = list(ids).index(EOS)
@@ -145,7 +151,7 @@ def test_min_length_suppresses_early_end():
 def test_max_length_cuts_and_alive_hypotheses_fill_in():
     loop = table({BOS: {A: 1.0}, A: {A: 1.0}})
     ids, lengths, scores, _ = beam_search(
-        TableModel(loop), SOURCE, max_length=4, beam_size=2, n_best=2
+        TableModel(loop), SOURCE, max_lengths=4, beam_size=2, n_best=2
     )
     assert ids.numpy()[0, 0].tolist() == [A, A, A, A] and lengths.numpy()[0, 0] == 4
     assert scores.numpy()[0, 0] == pytest.approx(0.0, abs=1e-6)
@@ -153,8 +159,8 @@ def test_max_length_cuts_and_alive_hypotheses_fill_in():
 
 def test_coverage_penalty_is_added_exactly():
     model = TableModel(GREEDY_TRAP)
-    _, _, plain, attention = beam_search(model, SOURCE, max_length=5, beam_size=2, beta=0.0)
-    _, _, covered, _ = beam_search(model, SOURCE, max_length=5, beam_size=2, beta=0.5)
+    _, _, plain, attention = beam_search(model, SOURCE, max_lengths=5, beam_size=2, beta=0.0)
+    _, _, covered, _ = beam_search(model, SOURCE, max_lengths=5, beam_size=2, beta=0.5)
     # "B </s>" attends to source positions 0 then 1; position 2 gets nothing (log of 1e-10).
     assert attention.numpy()[0, 0, :2, :].tolist() == [[1, 0, 0], [0, 1, 0]]
     assert covered.numpy()[0, 0] == pytest.approx(
@@ -193,13 +199,13 @@ def test_finished_sources_leave_the_batch_and_keep_their_results():
     )
     sources = np.array([[1, 8, 9], [0, 8, 9], [2, 8, 9]], np.int32)  # ids pick the tables
     model = PerSourceTableModel(tables)
-    batch = beam_search(model, sources, max_length=6, beam_size=2, n_best=2, alpha=0.6)
+    batch = beam_search(model, sources, max_lengths=6, beam_size=2, n_best=2, alpha=0.6)
     # Two hypotheses a source: 6 rows until source 1 is done, 4 after, 2 once only one is left.
     assert model.rows_per_step[:2] == [6, 6] and model.rows_per_step[-1] == 2
     assert 4 in model.rows_per_step
     for i in range(3):
         alone = beam_search(
-            model, sources[i : i + 1], max_length=6, beam_size=2, n_best=2, alpha=0.6
+            model, sources[i : i + 1], max_lengths=6, beam_size=2, n_best=2, alpha=0.6
         )
         for batch_values, alone_values in zip(batch, alone):
             np.testing.assert_allclose(batch_values.numpy()[i], alone_values.numpy()[0], rtol=1e-6)
@@ -283,6 +289,84 @@ def test_each_hypothesis_scores_and_attends_as_a_forced_pass_over_its_ids(traine
             )
 
 
+class NeverEnds:
+    """A model that never ends: `model`'s steps with the </s> and padding logits pushed away."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def decode_step(self, tokens, state, encoded, step):
+        logits, state, weights = self.model.decode_step(tokens, state, encoded, step)
+        token = tf.range(tf.shape(logits)[-1])
+        never = tf.logical_or(tf.equal(token, self.model.eos_id), tf.equal(token, PAD))
+        return tf.where(never, -1e4, logits), state, weights
+
+
+SEARCHES = {
+    "greedy": lambda model, source, limits: greedy_search(model, source, limits),
+    "sampling": lambda model, source, limits: sampling_search(model, source, limits, seed=(3, 1)),
+    "beam": lambda model, source, limits: beam_search(model, source, limits, 4, n_best=3),
+}
+
+
+@pytest.mark.parametrize("search", SEARCHES)
+def test_each_source_is_cut_at_its_own_limit_batched_or_alone(trained_model, search):
+    model, source = trained_model
+    model = NeverEnds(model)
+    lengths = (source != PAD).sum(1)
+    order = np.argsort(lengths)
+    source = source[np.concatenate([order[:3], order[-3:]])]  # the shortest and longest
+    limits = decode_length_limits(source, PAD, ratio=2.0, offset=1, cap=15).numpy()
+    assert len(set(limits)) >= 3 and max(limits) == 15  # one is capped
+    ids, out_lengths, _, _ = SEARCHES[search](model, source, limits)
+    out_lengths = out_lengths.numpy().reshape(len(source), -1)
+    np.testing.assert_array_equal(out_lengths, np.repeat(limits[:, None], out_lengths.shape[1], 1))
+    for i, row in enumerate(source):
+        alone = row[None, : (row != PAD).sum()]
+        alone_ids, alone_lengths, _, _ = SEARCHES[search](model, alone, limits[i])
+        assert np.all(alone_lengths.numpy() == limits[i])
+        np.testing.assert_array_equal(
+            alone_ids.numpy()[0], ids.numpy()[i][..., : alone_ids.shape[-1]]
+        )
+
+
+def trimmed(outputs, row, width, src_len):
+    """One source's (ids, lengths, scores, attention) cut to `width` steps and `src_len`
+    source positions; what lies beyond must be padding."""
+    ids, lengths, scores, attention = (np.asarray(x)[row] for x in outputs)
+    assert np.all(ids[..., width:] == PAD)
+    assert not attention[..., width:, :].any() and not attention[..., src_len:].any()
+    return ids[..., :width], lengths, scores, attention[..., :width, :src_len]
+
+
+def assert_same_outputs(actual, expected):
+    ids, lengths, scores, attention = actual
+    np.testing.assert_array_equal(ids, expected[0])
+    np.testing.assert_array_equal(lengths, expected[1])
+    np.testing.assert_allclose(scores, expected[2], atol=1e-5)
+    np.testing.assert_allclose(attention, expected[3], atol=1e-6)
+
+
+@pytest.mark.parametrize("search", SEARCHES)
+def test_outputs_do_not_depend_on_batch_mates_or_their_order(trained_model, search):
+    model, source = trained_model
+    limits = decode_length_limits(source, PAD, ratio=1.5, offset=2, cap=30).numpy()
+    batched = SEARCHES[search](model, source, limits)
+    shuffle = np.random.default_rng(0).permutation(len(source))
+    shuffled = SEARCHES[search](model, source[shuffle], limits[shuffle])
+    for i, row in enumerate(source):
+        src_len = int((row != PAD).sum())
+        alone = SEARCHES[search](model, row[None, :src_len], limits[i])
+        expected = trimmed(alone, 0, alone[0].shape[-1], src_len)
+        width = expected[0].shape[-1]
+        assert_same_outputs(trimmed(batched, i, width, src_len), expected)
+        at = int(np.flatnonzero(shuffle == i)[0])
+        assert_same_outputs(trimmed(shuffled, at, width, src_len), expected)
+
+
 def test_sampling_is_seeded_and_its_filters_work(trained_model):
     model, source = trained_model
     first = sampling_search(model, source, 10, temperature=1.5, seed=(4, 2))[0].numpy()
@@ -303,7 +387,10 @@ def test_top_p_keeps_the_nucleus():
     probs = table(
         {BOS: {A: 0.5, B: 0.3, C: 0.2}, A: {EOS: 1.0}, B: {EOS: 1.0}, C: {EOS: 1.0}}, vocab=7
     )
-    source = np.repeat(SOURCE, 200, axis=0)
+    # 200 different sentences: each has its own draws (one sentence repeated would not).
+    source = np.concatenate(
+        [np.arange(4, 204, dtype=np.int32)[:, None], np.repeat(SOURCE, 200, 0)], 1
+    )
     first = sampling_search(TableModel(probs), source, 3, top_p=0.75, seed=(0, 1))[0].numpy()[:, 0]
     assert set(first) == {A, B}  # 0.5 + 0.3 reach 0.75; C is outside the nucleus
     first = sampling_search(TableModel(probs), source, 3, top_k=1, seed=(0, 1))[0].numpy()[:, 0]

@@ -2,6 +2,7 @@
 //
 //   npm install --ignore-scripts      # the CPU runtime ships in the package
 //   node translate.mjs EXPORT_DIR/onnx "Ein Hund läuft über eine Wiese." [--beam-size 5]
+//     [--length-penalty A] [--max-length N]
 //
 // Prints one translation a line. Tokenisation uses the exported SentencePiece models (the
 // same files the Python runtime and the SavedModel use), so all three give the same ids.
@@ -15,11 +16,15 @@ function parseArgs(argv) {
   for (let i = 0; i < argv.length; i++) {
     if (argv[i] === "--beam-size") args.options.beam_size = Number(argv[++i]);
     else if (argv[i] === "--length-penalty") args.options.length_penalty = Number(argv[++i]);
+    else if (argv[i] === "--max-length") args.options.max_length = Number(argv[++i]);
     else if (args.directory === undefined) args.directory = argv[i];
     else args.sentences.push(argv[i]);
   }
   if (args.directory === undefined || args.sentences.length === 0) {
-    console.error("usage: node translate.mjs EXPORT_DIR/onnx SENTENCE... [--beam-size K]");
+    console.error(
+      "usage: node translate.mjs EXPORT_DIR/onnx SENTENCE... " +
+        "[--beam-size K] [--length-penalty A] [--max-length N]",
+    );
     process.exit(2);
   }
   return args;
@@ -46,10 +51,12 @@ async function translate({ metadata, session, source, target }, sentences, optio
   const padded = new Int32Array(ids.length * width).fill(pad);
   ids.forEach((row, i) => padded.set(row, i * width));
   const feeds = { source_ids: new ort.Tensor("int32", padded, [ids.length, width]) };
-  if (options.beam_size !== undefined)
-    feeds.beam_size = new ort.Tensor("int32", Int32Array.from([options.beam_size]), []);
-  if (options.length_penalty !== undefined)
-    feeds.length_penalty = new ort.Tensor("float32", Float32Array.from([options.length_penalty]), []);
+  // Each option's dtype is in model.json (declared once, in export/signature.py).
+  for (const [name, value] of Object.entries(options)) {
+    const dtype = metadata.option_dtypes[name];
+    const data = dtype === "float32" ? Float32Array.from([value]) : Int32Array.from([value]);
+    feeds[name] = new ort.Tensor(dtype, data, []);
+  }
   const output = await session.run(feeds);
   const [, nBest, maxLength] = output.ids.dims;
   return ids.map((row, i) => {
