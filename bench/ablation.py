@@ -23,15 +23,23 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
-# name -> settings changed from the config (recurrent recipes: attention type, input feeding).
-VARIANTS = {
-    "luong_general": [],
-    "luong_general+input_feeding": ["model.input_feeding=true"],
+# name -> settings changed from the config: each attention score the layers offer (luong_dot
+# needs the decoder as wide as the bidirectional encoder's memory), with and without input
+# feeding.
+ATTENTION_VARIANTS = {
     "bahdanau": ["model.attention=bahdanau"],
-    "bahdanau+input_feeding": ["model.attention=bahdanau", "model.input_feeding=true"],
-    "luong_concat": ["model.attention=luong_concat"],
+    "bahdanau_normalized": ["model.attention=bahdanau", "model.attention_normalize=true"],
     "luong_dot": ["model.attention=luong_dot", "model.decoder_units=512"],
+    "luong_general": ["model.attention=luong_general"],
+    "luong_general_scaled": ["model.attention=luong_general", "model.attention_scale=true"],
+    "luong_concat": ["model.attention=luong_concat"],
+    "scaled_dot": ["model.attention=scaled_dot"],
     "multi_head": ["model.attention=multi_head"],
+}
+VARIANTS = {
+    name + suffix: settings + feeding
+    for name, settings in ATTENTION_VARIANTS.items()
+    for suffix, feeding in (("", []), ("+input_feeding", ["model.input_feeding=true"]))
 }
 DEFAULT_VARIANTS = ["luong_general", "luong_general+input_feeding", "bahdanau", "luong_concat"]
 

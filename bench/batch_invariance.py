@@ -23,6 +23,7 @@ import tensorflow_text  # noqa: E402, F401  (the SavedModel's tokenizer ops)
 from decoding_runtimes import SessionRuntime, export_directory, latest_version  # noqa: E402
 
 from export.runtime import Translator as OnnxTranslator  # noqa: E402
+from export.signature import SOURCE_IDS  # noqa: E402
 from pipeline.corpus import read_split  # noqa: E402
 from pipeline.evaluation import score_translations  # noqa: E402
 from pipeline.tokenizer import EOS_ID, PAD_ID  # noqa: E402
@@ -43,7 +44,7 @@ class SessionSearch(SessionRuntime):
     """The `beam_search` signature with any of its options, through the session loader."""
 
     def __call__(self, batch, **options):
-        feeds = {self.inputs["source_ids"]: batch}
+        feeds = {self.inputs[SOURCE_IDS]: batch}
         feeds.update({self.inputs[name]: value for name, value in options.items()})
         return self.session.run(self.outputs, feeds)
 
@@ -87,9 +88,10 @@ def main():
     sentences, references = test.sources[: args.sentences], test.targets[: args.sentences]
     limit = config["decode"]["max_source_length"]
     source_ids = [ids[:limit] for ids in source_tokenizer.processor.encode(sentences)]
+    export_dir = export_directory(config, args.workdir)
     runtimes = [
-        OnnxSearch(export_directory(config, args.workdir) / "onnx"),
-        SessionSearch(latest_version(config, args.workdir)),
+        OnnxSearch(export_dir / "onnx"),
+        SessionSearch(latest_version(export_dir, config["export"]["model_name"])),
     ]
     by_length = np.argsort([len(ids) for ids in source_ids], kind="stable")
     shuffled = np.random.default_rng(args.seed).permutation(len(source_ids))

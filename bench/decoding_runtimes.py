@@ -1,6 +1,7 @@
 """Decoding speed and agreement of the three runtimes of a trained, exported model.
 
     python bench/decoding_runtimes.py --workdir runs/default [--quick] [--sentences N]
+        [--baseline-export DIR]
 
 For greedy (beam 1) and beam 5, at batch 1 and batch 64 (length-sorted), on the test split:
 the Keras model in process (`pipeline.search.beam_search` in a `tf.function`), the exported
@@ -10,7 +11,8 @@ sentences' token ids differ from the SavedModel's (with the largest score differ
 test BLEU of the sentences decoded, and each runtime's speed as a multiple of the session
 path's. An export with `model.int8.onnx` adds ONNX Runtime with int8 weights. Each figure is
 the best of `--repeats` timings, the runtimes taking turns. Expects `python -m export
---workdir DIR` to have run (DIR/export).
+--workdir DIR` to have run (DIR/export). `--baseline-export` adds another export of the same
+model (the previous commit's, say) to the turns: a before/after ratio measured in one run.
 """
 
 import argparse
@@ -27,6 +29,7 @@ import tensorflow as tf  # noqa: E402
 import tensorflow_text  # noqa: E402, F401  (the SavedModel's tokenizer ops)
 
 from export.runtime import Translator as OnnxTranslator  # noqa: E402
+from export.signature import BEAM_SEARCH, SOURCE_IDS  # noqa: E402
 from pipeline.corpus import read_split  # noqa: E402
 from pipeline.evaluation import score_translations  # noqa: E402
 from pipeline.search import beam_search, decode_length_limits  # noqa: E402
@@ -78,27 +81,28 @@ class KerasRuntime:
 class SessionRuntime:
     name = "SavedModel, session loader"
 
-    def __init__(self, saved_model_dir):
+    def __init__(self, saved_model_dir, label=""):
+        self.name = f"{SessionRuntime.name}{label}"
         self.graph = tf.Graph()
         self.session = tf.compat.v1.Session(graph=self.graph)
         with self.graph.as_default():
             meta = tf.compat.v1.saved_model.loader.load(
                 self.session, ["serve"], str(saved_model_dir)
             )
-        signature = meta.signature_def["beam_search"]
+        signature = meta.signature_def[BEAM_SEARCH]
         self.inputs = {name: info.name for name, info in signature.inputs.items()}
         self.outputs = {name: signature.outputs[name].name for name in ("ids", "scores")}
 
     def __call__(self, batch, beam_size):
-        feeds = {self.inputs["source_ids"]: batch, self.inputs["beam_size"]: beam_size}
+        feeds = {self.inputs[SOURCE_IDS]: batch, self.inputs["beam_size"]: beam_size}
         out = self.session.run(self.outputs, feeds)
         return out["ids"][:, 0], out["scores"][:, 0]
 
 
 class OnnxRuntime:
-    def __init__(self, export_dir, int8=False):
+    def __init__(self, export_dir, int8=False, label=""):
         self.translator = OnnxTranslator(export_dir, int8=int8)
-        self.name = "ONNX Runtime, int8" if int8 else "ONNX Runtime"
+        self.name = ("ONNX Runtime, int8" if int8 else "ONNX Runtime") + label
 
     def __call__(self, batch, beam_size):
         out = self.translator.search(batch, beam_size=beam_size)
@@ -109,9 +113,9 @@ def export_directory(config, workdir):
     return Path(config["export"]["directory"] or Path(workdir) / "export")
 
 
-def latest_version(config, workdir):
-    """The newest SavedModel version directory of a work directory's export."""
-    versions = export_directory(config, workdir) / "saved_model" / config["export"]["model_name"]
+def latest_version(export_dir, model_name):
+    """The newest SavedModel version directory of an export."""
+    versions = Path(export_dir) / "saved_model" / model_name
     return max((p for p in versions.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
 
 
@@ -153,6 +157,11 @@ def main():
     parser.add_argument("--batch1-sentences", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=3, help="timings per figure (best kept)")
     parser.add_argument("--quick", action="store_true", help="100 and 20 sentences, 1 repeat")
+    parser.add_argument(
+        "--baseline-export", type=Path, metavar="DIR",
+        help="another export of the same model (e.g. by the previous commit: python -m export "
+        "--output DIR): its SavedModel and ONNX model are timed too, in turns with these",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.quick:
         args.sentences, args.batch1_sentences, args.repeats = 100, 20, 1
@@ -166,12 +175,18 @@ def main():
 
     references = test.targets[: args.sentences]
     runtimes = [
-        SessionRuntime(latest_version(config, args.workdir)),
+        SessionRuntime(latest_version(export_dir, config["export"]["model_name"])),
         KerasRuntime(model, config["decode"]),
         OnnxRuntime(export_dir),
     ]
     if json.loads((export_dir / "onnx" / "model.json").read_text()).get("int8_model"):
         runtimes.append(OnnxRuntime(export_dir, int8=True))
+    if args.baseline_export:
+        model_name = config["export"]["model_name"]
+        runtimes += [
+            SessionRuntime(latest_version(args.baseline_export, model_name), " (baseline)"),
+            OnnxRuntime(args.baseline_export, label=" (baseline)"),
+        ]
     print(f"# {platform.node()}: {os.cpu_count()} CPUs, tensorflow {tf.__version__}")
     print(
         f"# {args.workdir}, {len(sentences)} test sentences ({args.batch1_sentences} at batch "

@@ -212,9 +212,8 @@ class Ranking(NamedTuple):
     beta: Any  # float32 []: the coverage penalty's weight
 
     def score(self, log_probs, length, coverage, source_mask):
-        return log_probs / length_penalty(length, self.alpha, self.penalty) + coverage_penalty(
-            coverage, source_mask, self.beta
-        )
+        normalised = log_probs / length_penalty(length, self.alpha, self.penalty)
+        return normalised + coverage_penalty(coverage, source_mask, self.beta)
 
 
 class Sources(NamedTuple):
@@ -446,11 +445,11 @@ def _retire(state, sources, results, n_best, ranking, beam_size):
     departing = _n_best(state, sources, n_best, ranking, leaving)
     results = _record(results, tf.gather(sources.index, leaving), departing)
     rows = _hypothesis_rows(staying, beam_size)
-    state = BeamState(
-        state.t,
-        tf.gather(state.tokens, rows),
-        _gather_rows(state.decoder, rows),
-        *_gather_rows((state.alive, state.finished), staying),
+    state = state._replace(
+        tokens=tf.gather(state.tokens, rows),
+        decoder=_gather_rows(state.decoder, rows),
+        alive=_gather_rows(state.alive, staying),
+        finished=_gather_rows(state.finished, staying),
     )
     return state, _gather_rows(sources, staying), results
 
@@ -528,16 +527,17 @@ def beam_search(
 
     # Beam and batch sizes may be constants or tensors, and sources leave the batch: every
     # dimension may vary but the encoding's feature sizes (which its consumers may need).
-    invariants = _any_shape((state, sources, results))
-    encoded_shapes = tf.nest.map_structure(
-        lambda x: tf.TensorShape([None] + x.shape[1:]), sources.encoded
+    state_shapes, source_shapes, result_shapes = _any_shape((state, sources, results))
+    source_shapes = source_shapes._replace(
+        encoded=tf.nest.map_structure(
+            lambda x: tf.TensorShape([None] + x.shape[1:]), sources.encoded
+        )
     )
-    invariants = (invariants[0], invariants[1]._replace(encoded=encoded_shapes), invariants[2])
     state, sources, results = tf.while_loop(
         lambda state, sources, results: tf.logical_not(tf.reduce_all(_is_done(state, sources))),
         decode_until_one_is_done,
         (state, sources, results),
-        shape_invariants=invariants,
+        shape_invariants=(state_shapes, source_shapes, result_shapes),
     )
     # The sources still in the batch are done too.
     remaining = _n_best(state, sources, n_best, ranking, tf.range(tf.shape(sources.index)[0]))

@@ -39,7 +39,8 @@ def parse_args(argv):
     search.add_argument("--sampling-temperature", type=float, help="sample instead of beam search")
     search.add_argument("--sampling-topk", type=int, default=0)
     search.add_argument("--sampling-topp", type=float, default=1.0)
-    search.add_argument("--seed", type=int, default=0)
+    search.add_argument("--seed", type=int, default=0,
+                        help="sampling: each sentence draws from it and its own text")  # fmt: skip
     search.add_argument("--replace-unknown", action="store_true", default=None,
                         help="replace <unk> by the most attended source token")  # fmt: skip
     search.add_argument("--batch-size", type=int)

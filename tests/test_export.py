@@ -388,6 +388,19 @@ def never_ending_export(workdir, tmp_path_factory):
     return tf.saved_model.load(str(saved_model)), session, config["decode"]
 
 
+GREEDY, BEAM_5 = {"beam_size": np.int32(1)}, {"beam_size": np.int32(5)}
+
+
+def both_runtimes(loaded, session):
+    """{name: search(source_ids, **options) -> outputs} of a SavedModel and an ONNX model."""
+    return {
+        "SavedModel": lambda source_ids, **options: search_saved_model(
+            loaded, source_ids, **options
+        ),
+        "ONNX Runtime": lambda source_ids, **options: search_onnx(session, source_ids, **options),
+    }
+
+
 def padded(rows):
     batch = np.zeros((len(rows), max(map(len, rows))), np.int32)
     for i, row in enumerate(rows):
@@ -399,20 +412,11 @@ def test_exports_cut_each_sentence_at_its_own_limit(never_ending_export):
     loaded, session, decode = never_ending_export
     rng = np.random.default_rng(5)
     rows = [rng.integers(4, 300, size=n).tolist() for n in (1, 2, 4, 6, 30)]
-    cap, ratio, offset = (
-        decode["max_length_cap"],
-        decode["max_length_ratio"],
-        decode["max_length_offset"],
-    )
+    ratio, offset, cap = (decode[f"max_length_{key}"] for key in ("ratio", "offset", "cap"))
     limits = [min(math.ceil(ratio * len(row)) + offset, cap) for row in rows]
     assert len(set(limits)) == 5 and limits[-1] == cap
-    runtimes = {"SavedModel": lambda ids, **o: search_saved_model(loaded, ids, **o),
-                "ONNX Runtime": lambda ids, **o: search_onnx(session, ids, **o)}  # fmt: skip
-    for name, search in runtimes.items():
-        for options in (
-            {"beam_size": np.int32(1)},
-            {"beam_size": np.int32(5), "n_best": np.int32(3)},
-        ):
+    for name, search in both_runtimes(loaded, session).items():
+        for options in (GREEDY, BEAM_5 | {"n_best": np.int32(3)}):
             batched = search(padded(rows), **options)
             np.testing.assert_array_equal(
                 batched["lengths"],
@@ -437,13 +441,8 @@ def test_exports_translate_a_sentence_the_same_in_any_batch(workdir, loaded, onn
     source_ids = padded_ids(workdir, sentences)
     lengths = (source_ids != 0).sum(1)
     shuffle = np.random.default_rng(1).permutation(len(sentences))
-    runtimes = {"SavedModel": lambda ids, **o: search_saved_model(loaded, ids, **o),
-                "ONNX Runtime": lambda ids, **o: search_onnx(onnx_session, ids, **o)}  # fmt: skip
-    for name, search in runtimes.items():
-        for options in (
-            {"beam_size": np.int32(1)},
-            {"beam_size": np.int32(5), "n_best": np.int32(5)},
-        ):
+    for name, search in both_runtimes(loaded, onnx_session).items():
+        for options in (GREEDY, BEAM_5 | {"n_best": np.int32(5)}):
             batched = search(source_ids, **options)
             shuffled = search(source_ids[shuffle], **options)
             for i, n in enumerate(lengths):
