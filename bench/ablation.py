@@ -8,7 +8,8 @@ Each variant trains a model from the config with a few settings changed (`python
 pipeline.train`, its own work directory under `--root`, so an interrupted table resumes where it
 stopped), then the best variant's model is decoded with each beam size and length penalty
 (`python -m pipeline.evaluate`). The table prints test BLEU (cased and lowercased, sacreBLEU),
-chrF and training time (seconds of training on this machine, from the run's report).
+chrF, the last validation perplexity, the median training speed (target tokens per second,
+from the run's TensorBoard logs; run the table alone on the machine) and training time.
 `--quick` trains 100 steps a variant, under `ROOT/quick/`: a check that the table runs, not a
 result.
 """
@@ -21,6 +22,10 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 # name -> settings changed from the config: each attention score the layers offer (luong_dot
@@ -41,7 +46,7 @@ VARIANTS = {
     for name, settings in ATTENTION_VARIANTS.items()
     for suffix, feeding in (("", []), ("+input_feeding", ["model.input_feeding=true"]))
 }
-DEFAULT_VARIANTS = ["luong_general", "luong_general+input_feeding", "bahdanau", "luong_concat"]
+DEFAULT_VARIANTS = list(VARIANTS)
 
 
 def run(command):
@@ -59,6 +64,17 @@ def train_variant(config, workdir, settings, quick):
             command += ["--set", setting]
         run(command)
     return json.loads(report_file.read_text())
+
+
+def logged_values(workdir, split, tag):
+    """The values of one TensorBoard scalar of a run (`logs/<split>`), by step."""
+    values = {}
+    for path in sorted((Path(workdir) / "logs" / split).glob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                if value.tag == tag:
+                    values[event.step] = float(tf.make_ndarray(value.tensor))
+    return [values[step] for step in sorted(values)]
 
 
 def evaluate(workdir, beam_size, length_penalty):
@@ -87,14 +103,17 @@ def main(argv=None):
         rows.append((name, workdir, report))
 
     print(f"\nconfig {args.config}; test BLEU with the config's decode settings")
-    print("| variant | test BLEU | lowercased | chrF | training s |")
-    print("|---|---:|---:|---:|---:|")
-    for name, _, report in rows:
+    columns = ("variant", "val perplexity", "test BLEU", "lowercased", "chrF", "target tok/s")
+    print("| " + " | ".join(columns) + " | training s |")
+    print("|---|" + "---:|" * len(columns))
+    for name, workdir, report in rows:
+        perplexity = logged_values(workdir, "validation", "epoch_perplexity")
+        speed = logged_values(workdir, "train", "epoch_tgt_tok/s")
         seconds = report.get("training_seconds")
-        seconds = f"{seconds:.0f}" if seconds is not None else ""
         print(
-            f"| {name} | {report['bleu']:.2f} | {report['bleu_lowercase']:.2f} "
-            f"| {report['chrf']:.2f} | {seconds} |"
+            f"| {name} | {perplexity[-1]:.2f} | {report['bleu']:.2f} "
+            f"| {report['bleu_lowercase']:.2f} | {report['chrf']:.2f} "
+            f"| {np.median(speed):,.0f} | {seconds or 0:.0f} |"
         )
 
     best_name, best_workdir, _ = max(rows, key=lambda row: row[2]["bleu"])
