@@ -24,6 +24,7 @@ from export.serving_graph import TranslationGraph
 from helpers import padded_ids, real_sentences, run_python, search_onnx, search_saved_model
 from pipeline.config import PROJECT_ROOT
 from pipeline.search import greedy_search
+from pipeline.tokenizer import EOS_ID, PAD_ID
 from pipeline.translation import SearchOptions, Translator
 from pipeline.workdir import load_trained
 
@@ -375,7 +376,7 @@ def never_ending_export(workdir, tmp_path_factory):
     its limit), exported in both formats: (SavedModel loaded, ONNX session, decode config)."""
     config, model, source_tokenizer, target_tokenizer = load_trained(workdir)
     bias = model.decoder.output_projection.bias
-    bias.assign(tf.tensor_scatter_nd_update(bias, [[0], [3]], [-1e4, -1e4]))  # pad, </s>
+    bias.assign(tf.tensor_scatter_nd_update(bias, [[PAD_ID], [EOS_ID]], [-1e4, -1e4]))
     graph = TranslationGraph(
         model, source_tokenizer.model_proto, target_tokenizer.model_proto, config["decode"]
     )
