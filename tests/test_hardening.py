@@ -329,18 +329,19 @@ def start(command):
     )  # fmt: skip
 
 
+def checkpoint_steps(workdir):
+    state = tf.train.get_checkpoint_state(str(workdir / "checkpoints"))
+    return [int(p.rsplit("-", 1)[1]) for p in state.all_model_checkpoint_paths] if state else []
+
+
 def wait_for_checkpoint(workdir, step, process, timeout=240):
+    """Waits until the manager has recorded `step`'s checkpoint (its save has returned, so
+    training is past that step's callbacks), not merely until its files appear."""
     deadline = time.monotonic() + timeout
-    target = workdir / "checkpoints" / f"ckpt-{step}.index"
-    while not target.exists():
+    while step not in checkpoint_steps(workdir):
         assert process.poll() is None, process.stdout.read()
         assert time.monotonic() < deadline, "no checkpoint in time"
         time.sleep(0.05)
-
-
-def checkpoint_steps(workdir):
-    state = tf.train.get_checkpoint_state(str(workdir / "checkpoints"))
-    return [int(p.rsplit("-", 1)[1]) for p in state.all_model_checkpoint_paths]
 
 
 def finish(workdir):
@@ -372,7 +373,7 @@ def test_sigkill_at_a_random_moment_loses_at_most_one_interval(tmp_path):
 def test_sigint_and_sigterm_save_a_checkpoint_then_exit(tmp_path, signum):
     process = start(train_command(tmp_path))
     wait_for_checkpoint(tmp_path, 20, process)
-    time.sleep(0.3)
+    time.sleep(0.5)
     process.send_signal(signum)
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 128 + signum, output[-2000:]
