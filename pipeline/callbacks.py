@@ -188,11 +188,16 @@ class StopOnSignal(keras.callbacks.Callback):
 
 
 class ValidationBleu(keras.callbacks.Callback):
-    """Every `every_epochs` epochs, translates a validation subset and logs `val_bleu`."""
+    """Every `every_epochs` epochs, translates a validation subset and logs `val_bleu`.
 
-    def __init__(self, translator, sources, references, every_epochs, log=print):
+    `translator` decodes with `float32_model`: the trained model itself, or (under mixed
+    precision) its float32 twin, which first takes the trained weights.
+    """
+
+    def __init__(self, translator, float32_model, sources, references, every_epochs, log=print):
         super().__init__()
         self.translator = translator
+        self.float32_model = float32_model
         self.sources = sources
         self.references = references
         self.every_epochs = every_epochs
@@ -201,6 +206,8 @@ class ValidationBleu(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self.every_epochs:
             return
+        if self.float32_model is not self.model:
+            self.float32_model.set_weights(self.model.get_weights())
         hypotheses = self.translator.translate_best(self.sources)
         scores = score_translations(hypotheses, self.references)
         if logs is not None:

@@ -15,8 +15,22 @@ from pipeline.errors import UserError, first_line
 from pipeline.schedules import LearningRateSchedule
 
 
+class StepCountingLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+    """Keras' dynamic loss scaling, with `iterations` counting every step.
+
+    Keras' `LossScaleOptimizer` skips a step whose scaled gradients overflow without counting
+    it, but checkpoint numbers, epoch boundaries and the training stream's position are
+    counted in `iterations`: a resumed run would replay batches. Here a skipped step counts.
+    """
+
+    def _stateful_handle_non_finite_grads(self):
+        super()._stateful_handle_non_finite_grads()
+        self.inner_optimizer.iterations.assign_add(1)
+
+
 def make_optimizer(train, learning_rate):
-    """Training's optimizer: Adam on the configured schedule, with global-norm clipping."""
+    """Training's optimizer: Adam on the configured schedule, with global-norm clipping (of
+    the unscaled gradients), under dynamic loss scaling when training in mixed_float16."""
     schedule = LearningRateSchedule(
         train["lr_schedule"],
         learning_rate,
@@ -24,7 +38,10 @@ def make_optimizer(train, learning_rate):
         train["decay_steps"],
         train["decay_rate"],
     )
-    return keras.optimizers.Adam(schedule, global_clipnorm=train["clip_norm"] or None)
+    adam = keras.optimizers.Adam(schedule, global_clipnorm=train["clip_norm"] or None)
+    if train["precision"] == "mixed_float16":  # float16 gradients underflow without scaling
+        return StepCountingLossScaleOptimizer(adam)
+    return adam
 
 
 def training_checkpoint(model, optimizer, completed_epochs, stream_positions=()):

@@ -26,6 +26,8 @@ ATTENTIONS = (
     "multi_head",
     "none",
 )
+# Keras dtype policies a model may train under; its variables and exports stay float32.
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +136,7 @@ SCHEMA = {
         "bleu_every_epochs": Field(int, 0, minimum=0),
         "bleu_subset": _positive_int(200),
         "jit_compile": Field(bool, False),
+        "precision": Field(str, "float32", choices=PRECISIONS),
     },
     "decode": {
         "batch_size": _positive_int(64),

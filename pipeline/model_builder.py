@@ -1,5 +1,9 @@
 """The model described by the `model` section of a configuration."""
 
+import contextlib
+
+import keras
+
 import layers
 from pipeline.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -30,13 +34,34 @@ def sampling_schedule(train_config):
     )
 
 
-def build_model(config, source_vocab_size, target_vocab_size):
-    """The model of `config["model"]["type"]`, built (its weights created)."""
-    if config["model"]["type"] == "transformer":
-        model = build_transformer(config, source_vocab_size, target_vocab_size)
-    else:
-        model = build_recurrent(config, source_vocab_size, target_vocab_size)
-    model.build({"source_ids": (None, None), "target_input_ids": (None, None)})
+@contextlib.contextmanager
+def dtype_policy(name):
+    """Keras' global dtype policy set to `name` while the block runs, then restored.
+
+    Each layer takes the global policy when it is created, so a model built in this block
+    keeps `name` and no model built outside it is affected.
+    """
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(name)
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+def build_model(config, source_vocab_size, target_vocab_size, precision="float32"):
+    """The model of `config["model"]["type"]`, built (its weights created).
+
+    `precision` is its dtype policy (`pipeline.config.PRECISIONS`): training passes
+    `train.precision`; translation and export keep the float32 default. The weights are
+    float32 under every policy, so they move between the two with `set_weights`.
+    """
+    with dtype_policy(precision):
+        if config["model"]["type"] == "transformer":
+            model = build_transformer(config, source_vocab_size, target_vocab_size)
+        else:
+            model = build_recurrent(config, source_vocab_size, target_vocab_size)
+        model.build({"source_ids": (None, None), "target_input_ids": (None, None)})
     return model
 
 

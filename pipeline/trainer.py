@@ -134,8 +134,8 @@ def _remaining_work(steps_per_epoch, epochs, completed_epochs, step, log):
     return work
 
 
-def _callbacks(config, workdir, task, manager, completed_epochs, translator, corpora, has_valid,
-               stream, started, log):  # fmt: skip
+def _callbacks(config, workdir, task, manager, completed_epochs, translator, float32_model,
+               corpora, has_valid, stream, started, log):  # fmt: skip
     train = config["train"]
     checkpointer = training_callbacks.CheckpointEveryNSteps(
         manager, completed_epochs, train["checkpoint_every_steps"], before_save=stream.record
@@ -152,7 +152,7 @@ def _callbacks(config, workdir, task, manager, completed_epochs, translator, cor
         references = corpora["valid"].targets[: len(sources)]
         callbacks.append(
             training_callbacks.ValidationBleu(
-                translator, sources, references, train["bleu_every_epochs"], log
+                translator, float32_model, sources, references, train["bleu_every_epochs"], log
             )
         )
     if train["early_stopping_patience"] and has_valid:
@@ -227,7 +227,12 @@ def run(config, workdir, log=print):
     )
 
     with strategy.scope():
-        model = build_model(config, source_tokenizer.vocab_size, target_tokenizer.vocab_size)
+        vocab_sizes = source_tokenizer.vocab_size, target_tokenizer.vocab_size
+        model = build_model(config, *vocab_sizes, precision=train["precision"])
+        # What is translated, scored and saved: the float32 model that exports will hold.
+        float32_model = (
+            model if train["precision"] == "float32" else build_model(config, *vocab_sizes)
+        )
         optimizer = make_optimizer(train, learning_rate)
         model.compile(optimizer=optimizer, jit_compile=train["jit_compile"])
         optimizer.build(model.trainable_variables)  # now, so that replicas need no sample batch
@@ -252,7 +257,7 @@ def run(config, workdir, log=print):
         save_config(config, workdir / CONFIG_FILE)
         log(f"Configuration written to {workdir / CONFIG_FILE}")
     translator = Translator(
-        model,
+        float32_model,
         source_tokenizer,
         target_tokenizer,
         SearchOptions.from_config(config["decode"]),
@@ -260,7 +265,7 @@ def run(config, workdir, log=print):
     )
     stream = TrainingStream(config, training_corpora, tokenizers, strategy, positions, log)
     callbacks = _callbacks(
-        config, workdir, task, manager, completed_epochs, translator, corpora,
+        config, workdir, task, manager, completed_epochs, translator, float32_model, corpora,
         valid_data is not None, stream, started, log,
     )  # fmt: skip
 
@@ -304,9 +309,11 @@ def run(config, workdir, log=print):
         average_checkpoints(model, train, paths)
         names = ", ".join(os.path.basename(path) for path in paths)
         log(f"Weights: the mean of the last {len(paths)} checkpoints ({names})")
+    if float32_model is not model:
+        float32_model.set_weights(model.get_weights())
     # With nothing left to train, keep the saved model: it may hold early stopping's best weights.
     if history or not (workdir / MODEL_FILE).exists():
-        save_model_atomically(model, workdir / MODEL_FILE)
+        save_model_atomically(float32_model, workdir / MODEL_FILE)
         log(f"Trained for {training_seconds:.0f} s; model saved to {workdir / MODEL_FILE}")
     if corpora["test"]:
         _evaluate_test(translator, corpora["test"], workdir, training_seconds, log)
