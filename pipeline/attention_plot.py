@@ -1,12 +1,11 @@
 """Attention matrices drawn as images (source tokens x target tokens)."""
 
-import os
-from pathlib import Path
-
 import matplotlib
 
 matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
+
+from pipeline.atomic_files import atomic_path
 
 
 def _label(piece):
@@ -31,8 +30,6 @@ def plot_attention(hypothesis, path, title=None):
     axes.set_title(title or hypothesis.text, fontsize=11, wrap=True)
     figure.colorbar(image, ax=axes, fraction=0.04, pad=0.02, label="attention weight")
     figure.tight_layout()
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp.png")
-    figure.savefig(tmp)
+    with atomic_path(path) as tmp:
+        figure.savefig(tmp)
     plt.close(figure)
-    os.replace(tmp, path)

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from pipeline.atomic_files import write_text_atomically
 from pipeline.errors import UserError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -396,8 +397,5 @@ def load_config(path=None, overrides=()):
 
 
 def save_config(config, path):
-    """Writes the resolved configuration (atomically: temporary file, then rename)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-    os.replace(tmp, path)
+    """Writes the resolved configuration, atomically."""
+    write_text_atomically(path, yaml.safe_dump(config, sort_keys=False))

@@ -8,6 +8,7 @@ counted and checked in one streaming pass, and read as a stream by `pipeline.dat
 import dataclasses
 import glob
 import gzip
+import itertools
 import os
 import re
 import sys
@@ -41,24 +42,46 @@ def _open_text(path):
     return (gzip.GzipFile(fileobj=raw) if path.suffix == ".gz" else raw), raw
 
 
-def read_lines(path):
-    """The lines of a UTF-8 text file (trailing newline and carriage return removed)."""
-    lines = []
+def iter_lines(path, errors="strict"):
+    """The lines of a UTF-8 text file, plain or gzipped, one at a time (trailing newline and
+    carriage return removed). With errors="strict" invalid UTF-8 is a `UserError` naming the
+    line; with "replace" the bad bytes become U+FFFD."""
     try:
         handle, file = _open_text(path)
         with file, handle:
             for number, raw in enumerate(handle, start=1):
                 try:
-                    lines.append(raw.decode("utf-8").rstrip("\r\n"))
+                    yield raw.decode("utf-8", errors=errors).rstrip("\r\n")
                 except UnicodeDecodeError as error:
                     raise UserError(
                         f"{path}:{number}: not valid UTF-8 (byte {error.start + 1} of the line)"
                     ) from None
     except (OSError, EOFError, gzip.BadGzipFile) as error:
         raise UserError(f"{path}: cannot read the file ({error})") from None
+
+
+def read_lines(path):
+    """All the lines of a UTF-8 text file (`iter_lines`); an empty file is a `UserError`."""
+    lines = list(iter_lines(path))
     if not lines:
         raise UserError(f"{path}: the file is empty")
     return lines
+
+
+def iter_aligned(source_path, target_path, errors="strict"):
+    """(source, target) line pairs of two aligned files, read as they are consumed; files of
+    different lengths are a `UserError` once the shorter one ends."""
+    sources, targets = iter_lines(source_path, errors), iter_lines(target_path, errors)
+    for number, (source, target) in enumerate(itertools.zip_longest(sources, targets), start=1):
+        if source is None or target is None:
+            ended, other = (
+                (source_path, target_path) if source is None else (target_path, source_path)
+            )
+            raise UserError(
+                f"{ended} ends after {number - 1} lines but {other} goes on: source and "
+                "target files must be aligned line by line"
+            )
+        yield source, target
 
 
 def read_aligned(source_path, target_path):

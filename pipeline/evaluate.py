@@ -47,6 +47,7 @@ def main(argv=None):
         raise UserError(f"--beam-size must be at least 1, got {args.beam_size}")
     from tqdm import tqdm
 
+    from pipeline.atomic_files import write_text_atomically
     from pipeline.dataset import (
         batching_options,
         encode_corpus,
@@ -55,7 +56,7 @@ def main(argv=None):
     )
     from pipeline.evaluation import score_translations
     from pipeline.translation import SearchOptions, Translator
-    from pipeline.workdir import load_trained, write_text_atomically
+    from pipeline.workdir import load_trained
 
     config, model, source_tokenizer, target_tokenizer = load_trained(args.workdir)
     name, corpus = _corpus(config, args.split)

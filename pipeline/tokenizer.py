@@ -13,6 +13,7 @@ import sentencepiece
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from pipeline.atomic_files import atomic_path
 from pipeline.errors import UserError
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
@@ -59,9 +60,8 @@ def write_sentencepiece(model_proto, path):
     )
     path = Path(path)
     for target, payload in ((path, model_proto), (path.with_suffix(".vocab"), vocab_text.encode())):
-        tmp = target.with_name(target.name + ".tmp")
-        tmp.write_bytes(payload)
-        os.replace(tmp, target)
+        with atomic_path(target) as tmp:
+            tmp.write_bytes(payload)
 
 
 class Tokenizer:

@@ -12,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from pipeline import callbacks as training_callbacks
+from pipeline.atomic_files import write_text_atomically
 from pipeline.checkpoints import average_checkpoints, make_optimizer, training_checkpoint
 from pipeline.config import save_config
 from pipeline.corpus import read_split, scan_training_corpora
@@ -39,7 +40,6 @@ from pipeline.workdir import (
     TEST_REPORT,
     TEST_TRANSLATIONS,
     save_model_atomically,
-    write_text_atomically,
 )
 
 

@@ -69,6 +69,14 @@ def replace_unknown(target_ids, target_pieces, source_pieces, attention):
     ]
 
 
+def length_sorted_batches(lengths, batch_size):
+    """Index arrays of batches of at most `batch_size` items, shortest first, so that little
+    work goes to padding."""
+    order = np.argsort(lengths, kind="stable")
+    for start in range(0, len(order), batch_size):
+        yield order[start : start + batch_size]
+
+
 class Translator:
     """Translates sentences with a trained model, its tokenizers and `SearchOptions`.
 
@@ -120,10 +128,8 @@ class Translator:
             return []
         source_ids = self.source_tokenizer.tokenize(tf.constant(sentences))
         source_ids = source_ids[:, : self.options.max_source_length]  # as the exports do
-        order = np.argsort(source_ids.row_lengths().numpy(), kind="stable")
         results = [None] * len(sentences)
-        for start in range(0, len(order), self.batch_size):
-            indices = order[start : start + self.batch_size]
+        for indices in length_sorted_batches(source_ids.row_lengths().numpy(), self.batch_size):
             batch = tf.gather(source_ids, indices)
             # Empty sentences alone still need one (padding) column to encode.
             width = max(1, int(batch.bounding_shape(1)))

@@ -5,6 +5,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from pipeline.atomic_files import atomic_path
 from pipeline.config import load_config
 from pipeline.errors import UserError, first_line
 
@@ -17,23 +18,8 @@ TEST_TRANSLATIONS = "test_translations.txt"
 
 
 def save_model_atomically(model, path):
-    """Saves a `.keras` file through a temporary file in the same directory, then renames."""
-    path = Path(path)
-    handle, tmp = tempfile.mkstemp(suffix=".keras", dir=path.parent)
-    os.close(handle)
-    try:
+    with atomic_path(path) as tmp:
         model.save(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def write_text_atomically(path, text):
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def write_directory_atomically(path, fill):
