@@ -76,12 +76,17 @@ class MultiHeadCrossAttention(SourceAttention):
         # rank-3 Dense is a tensordot of many shape ops), then split it into heads in one
         # reshape: one that also groups a step's hypotheses by source.
         projected = self.query_projection(query)
-        if single_step:
-            q = group_step_queries(projected, memory_cache, (self.num_heads, self.key_dim))
-        else:
-            q = self._split_heads(projected, self.key_dim)
-        q = ops.transpose(q, (0, 2, 1, 3))  # [batch, heads, tgt_len, depth]
         keys, values = memory_cache
+        if single_step and self.num_heads == 1:
+            # Straight to [batch, 1, k, depth]. Through the transpose below, tf2onnx folds the
+            # unit axis' move into the reshape with the query's batch * k rows as the batch.
+            q = ops.reshape(projected, (ops.shape(keys)[0], 1, -1, self.key_dim))
+        else:
+            if single_step:
+                q = group_step_queries(projected, memory_cache, (self.num_heads, self.key_dim))
+            else:
+                q = self._split_heads(projected, self.key_dim)
+            q = ops.transpose(q, (0, 2, 1, 3))  # [batch, heads, tgt_len, depth]
         scores = ops.matmul(q, ops.cast(keys, q.dtype)) / math.sqrt(self.key_dim)
         head_weights = masked_softmax(scores, memory_mask)
         heads = ops.matmul(head_weights, ops.cast(values, q.dtype))

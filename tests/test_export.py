@@ -23,7 +23,7 @@ from export.serving_check import read_meta_graph, unsupported_ops, write_signatu
 from export.serving_graph import TranslationGraph
 from helpers import padded_ids, real_sentences, run_python, search_onnx, search_saved_model
 from pipeline.config import PROJECT_ROOT
-from pipeline.search import greedy_search
+from pipeline.search import beam_search, decode_length_limits, greedy_search
 from pipeline.tokenizer import EOS_ID, PAD_ID
 from pipeline.translation import SearchOptions, Translator
 from pipeline.workdir import load_trained
@@ -494,3 +494,36 @@ def test_translator_gives_a_sentence_the_same_translation_in_any_batch(workdir, 
             np.testing.assert_allclose(
                 [s for _, s, _ in mine], [s for _, s, _ in theirs], atol=1e-5
             )
+
+
+@pytest.mark.slow
+def test_a_one_head_attention_model_gives_keras_ids_in_onnx_runtime(tmp_path):
+    """tf2onnx once folded the one-head query's transpose into a reshape with the wrong
+    batch: beam search failed in ONNX Runtime for batches of more than one sentence."""
+    from pipeline import train
+
+    train.main(["--config", str(PROJECT_ROOT / "configs" / "smoke.yaml"),
+                "--workdir", str(tmp_path), "--set", "train.epochs=1",
+                "--set", "model.attention=multi_head", "--set", "model.attention_heads=1",
+                "--set", "train.bleu_every_epochs=0", "--set", "data.test_source=null",
+                "--set", "data.test_target=null", "--set", "export.after_training=true",
+                "--set", "export.formats=onnx"])  # fmt: skip
+    session = onnxruntime.InferenceSession(
+        str(tmp_path / "export" / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+    config, model, _, _ = load_trained(tmp_path)
+    source_ids = padded_ids(tmp_path, real_sentences(6))
+    decode = config["decode"]
+    limits = decode_length_limits(
+        tf.constant(source_ids), PAD_ID, decode["max_length_ratio"],
+        decode["max_length_offset"], decode["max_length_cap"],
+    )  # fmt: skip
+    for options in (GREEDY, BEAM_5):
+        onnx_ids = search_onnx(session, source_ids, **options)["ids"][:, 0]
+        keras_ids = beam_search(model, tf.constant(source_ids), limits, int(options["beam_size"]))
+        keras_ids = keras_ids[0][:, 0].numpy()
+        width = max(onnx_ids.shape[1], keras_ids.shape[1])
+        np.testing.assert_array_equal(
+            np.pad(onnx_ids, ((0, 0), (0, width - onnx_ids.shape[1]))),
+            np.pad(keras_ids, ((0, 0), (0, width - keras_ids.shape[1]))),
+        )
