@@ -88,7 +88,7 @@ class TranslationGraph(tf.Module):
 
         source_vocab_size = model.source_vocab_size
 
-        def search(source_ids, beam_size, n_best, length_penalty, max_length):
+        def search(source_ids, beam_size, n_best, length_penalty, max_length, no_repeat_ngram_size):
             # Requests are untrusted: ids outside the vocabulary read as <unk>, long sources
             # are cut, and the beam is kept within [1, MAX_BEAM_SIZE].
             valid = tf.logical_and(source_ids >= 0, source_ids < source_vocab_size)
@@ -104,6 +104,7 @@ class TranslationGraph(tf.Module):
                 penalty=penalty_type,
                 beta=decode["coverage_penalty"],
                 min_length=decode["min_length"],
+                no_repeat_ngram_size=tf.maximum(no_repeat_ngram_size, 0),
             )
             ids, lengths, scores, attention = blank_empty_sources(source_ids, PAD_ID, *outputs)
             return dict(zip(SEARCH_OUTPUTS, (ids, lengths, scores, attention)))

@@ -51,6 +51,11 @@ SEARCH_OPTIONS = (
         "0: decode.max_length_ratio x its source length + decode.max_length_offset",
         fixed_default=0,
     ),
+    SearchOption(
+        "no_repeat_ngram_size", "int32",
+        "no n-gram of this size appears twice in a hypothesis; 0: off",
+        decode_key="no_repeat_ngram_size",
+    ),
 )  # fmt: skip
 SEARCH_OPTION_NAMES = tuple(option.name for option in SEARCH_OPTIONS)
 

@@ -146,6 +146,7 @@ SCHEMA = {
         "length_penalty_type": Field(str, "gnmt", choices=("gnmt", "average")),
         "coverage_penalty": Field(float, 0.0, minimum=0.0),
         "min_length": Field(int, 0, minimum=0),
+        "no_repeat_ngram_size": Field(int, 0, minimum=0),  # 0: off
         "max_length_ratio": Field(float, 1.5, minimum=0.0),
         "max_length_offset": Field(int, 10, minimum=0),
         "max_length_cap": _positive_int(250),

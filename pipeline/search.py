@@ -57,7 +57,44 @@ def _suppress_eos(log_probs, eos_id, t, min_length):
     return log_probs + tf.where(tf.logical_and(is_eos, t < min_length), NEG_INF, 0.0)
 
 
-def _sequential_search(model, source_ids, max_lengths, choose, min_length=0):
+def _block_repeated_ngrams(logits, ids, t, size):
+    """Forbids each token that would complete an n-gram (n = `size`) its hypothesis already
+    holds, as fairseq's and CTranslate2's `no_repeat_ngram_size` do; 0 forbids nothing.
+
+    Args:
+        logits: float32 `[rows, vocab]`, the next token's.
+        ids: int32 `[rows, width]`: each row's `t` tokens so far, then padding.
+        t: scalar int32, the tokens written so far.
+        size: int, or an int32 scalar tensor (a runtime input of the exports). A tensor is
+            applied at every step, without a branch: a conditional or a loop nested in the
+            search loops makes ONNX Runtime fail ("Loop subgraph input has unknown shape").
+    """
+    if isinstance(size, int) and size == 0:
+        return logits  # nothing to forbid: no work at all
+    size = tf.convert_to_tensor(size, tf.int32)
+    rows, width, vocab = tf.shape(ids)[0], tf.shape(ids)[1], tf.shape(logits)[1]
+    starts = tf.range(width)  # where an earlier n-gram starts
+    # Its first n-1 tokens against the last n-1, at offsets 0..n-2 in one gather. For n = 1 one
+    # offset that always matches: ONNX Runtime mishandles reductions over an empty axis.
+    offsets = tf.range(tf.maximum(size - 1, 1))
+    earlier = tf.gather(ids, tf.minimum(starts[:, None] + offsets, width - 1), axis=1)
+    latest = tf.gather(ids, tf.clip_by_value(t - size + 1 + offsets, 0, width - 1), axis=1)
+    same = tf.logical_or(tf.equal(earlier, latest[:, None, :]), offsets >= size - 1)
+    # ... and its n-gram complete before position t (none is while t < n, or for n = 0).
+    complete = tf.logical_and(starts + size - 1 < t, tf.logical_and(size > 0, t >= size))
+    repeats = tf.logical_and(tf.reduce_all(same, axis=2), complete[None, :])
+    following = tf.gather(ids, tf.clip_by_value(starts + size - 1, 0, width - 1), axis=1)
+    banned = tf.where(repeats, following, vocab)  # the others go to a spare column
+    row = tf.tile(tf.range(rows)[:, None], [1, width])
+    bias = tf.tensor_scatter_nd_update(
+        tf.zeros([rows, vocab + 1]),
+        tf.reshape(tf.stack([row, banned], axis=-1), [-1, 2]),
+        tf.fill([rows * width], NEG_INF),
+    )
+    return logits + bias[:, :vocab]
+
+
+def _sequential_search(model, source_ids, max_lengths, choose, min_length=0, no_repeat=0):
     """Picks one token per step with `choose(log_probs, logits, t)`; a source is finished at
     </s> or at its limit."""
     batch = tf.shape(source_ids)[0]
@@ -76,6 +113,7 @@ def _sequential_search(model, source_ids, max_lengths, choose, min_length=0):
     def step(t, tokens, state, ids, attention, finished, scores):
         logits, state, weights = model.decode_step(tokens, state, encoded, t)
         logits = _suppress_eos(tf.cast(logits, tf.float32), model.eos_id, t, min_length)
+        logits = _block_repeated_ngrams(logits, ids, t, no_repeat)
         log_probs = tf.nn.log_softmax(logits)
         chosen = choose(log_probs, logits, t)
         tokens = tf.where(finished, model.pad_id, chosen)
@@ -96,7 +134,7 @@ def _sequential_search(model, source_ids, max_lengths, choose, min_length=0):
     return ids, lengths, scores, attention
 
 
-def greedy_search(model, source_ids, max_lengths, min_length=0):
+def greedy_search(model, source_ids, max_lengths, min_length=0, no_repeat_ngram_size=0):
     """The most probable token at each step, until </s> or the source's limit.
 
     Args:
@@ -105,6 +143,7 @@ def greedy_search(model, source_ids, max_lengths, min_length=0):
         max_lengths: int `[batch]` (see `decode_length_limits`) or one int for every source:
             the most tokens each output may have (</s> included).
         min_length: </s> is forbidden before this many tokens.
+        no_repeat_ngram_size: no n-gram of this size appears twice in an output (0: off).
 
     Returns (`width` is the largest of `max_lengths`):
         ids: int32 `[batch, width]`, each row ending with </s> then padding (or cut at its
@@ -116,7 +155,9 @@ def greedy_search(model, source_ids, max_lengths, min_length=0):
     def argmax(log_probs, logits, t):
         return tf.argmax(log_probs, axis=-1, output_type=tf.int32)
 
-    return _sequential_search(model, source_ids, max_lengths, argmax, min_length)
+    return _sequential_search(
+        model, source_ids, max_lengths, argmax, min_length, no_repeat_ngram_size
+    )
 
 
 def _filter_logits(logits, top_k, top_p):
@@ -149,8 +190,9 @@ def sentence_seeds(source_ids, pad_id, seed):
 
 
 def sampling_search(
-    model, source_ids, max_lengths, temperature=1.0, top_k=0, top_p=1.0, seed=(0, 0), min_length=0
-):
+    model, source_ids, max_lengths, temperature=1.0, top_k=0, top_p=1.0, seed=(0, 0),
+    min_length=0, no_repeat_ngram_size=0,
+):  # fmt: skip
     """Draws each token from the model's distribution, sharpened or flattened by `temperature`
     and restricted to the `top_k` tokens and the `top_p` nucleus. A sentence's draws come from
     its own seed (`sentence_seeds`): the same `seed` and sentence give the same output, alone
@@ -168,7 +210,9 @@ def sampling_search(
 
         return tf.map_fn(draw_one, (filtered, seeds), fn_output_signature=tf.int32)
 
-    return _sequential_search(model, source_ids, max_lengths, draw, min_length)
+    return _sequential_search(
+        model, source_ids, max_lengths, draw, min_length, no_repeat_ngram_size
+    )
 
 
 def blank_empty_sources(source_ids, pad_id, ids, lengths, scores, attention):
@@ -312,7 +356,7 @@ def _initial_state(model, source_ids, limits, width, beam_size):
     return BeamState(tf.constant(0), tokens, decoder, alive, finished), sources
 
 
-def _expand(model, state, sources, beam_size, min_length):
+def _expand(model, state, sources, beam_size, min_length, no_repeat):
     """Runs the decoder one step and ranks the extensions of every alive hypothesis.
 
     Returns the 2k best candidates of each source, the alive hypotheses with this step's
@@ -323,6 +367,9 @@ def _expand(model, state, sources, beam_size, min_length):
     t, alive = state.t, state.alive
     logits, decoder, weights = model.decode_step(state.tokens, state.decoder, sources.encoded, t)
     logits = _suppress_eos(tf.cast(logits, tf.float32), model.eos_id, t, min_length)
+    logits = _block_repeated_ngrams(
+        logits, tf.reshape(alive.ids, [n * beam_size, -1]), t, no_repeat
+    )
     # A source's best 2k candidates are among each beam's 2k likeliest tokens: rank those
     # alone, normalised as logit - logsumexp, rather than [n, k * vocab] log-probabilities.
     per_beam = tf.minimum(2 * beam_size, model.target_vocab_size)
@@ -384,8 +431,8 @@ def _keep_alive(candidates, alive, decoder, beam_size):
     return alive, tokens, decoder
 
 
-def _step(model, state, sources, beam_size, min_length, ranking):
-    candidates, alive, decoder = _expand(model, state, sources, beam_size, min_length)
+def _step(model, state, sources, beam_size, min_length, no_repeat, ranking):
+    candidates, alive, decoder = _expand(model, state, sources, beam_size, min_length, no_repeat)
     finished = _save_finished(
         state.finished, candidates, alive, state.t, sources, beam_size, ranking
     )
@@ -468,6 +515,7 @@ def beam_search(
     penalty="gnmt",
     beta=0.0,
     min_length=0,
+    no_repeat_ngram_size=0,
 ):
     """Batched beam search with length normalisation and coverage penalty (Wu et al., 2016,
     "Google's Neural Machine Translation System", section 7), keeping finished and alive
@@ -493,6 +541,8 @@ def beam_search(
         alpha, penalty: the length penalty (see `length_penalty`).
         beta: the weight of the coverage penalty (0 for none).
         min_length: </s> is forbidden before this many tokens.
+        no_repeat_ngram_size: no n-gram of this size appears twice in a hypothesis (0: off).
+        no_repeat_ngram_size: no n-gram of this size appears twice in an output (0: off).
 
     Returns (`width` is the largest of `max_lengths`):
         ids: int32 `[batch, n_best, width]`, best first; lengths: int32 `[batch, n_best]`
@@ -519,7 +569,9 @@ def beam_search(
         # The sources are constants of the inner loop: its ONNX Loop carries only the state.
         state = tf.while_loop(
             lambda state: tf.logical_not(tf.reduce_any(_is_done(state, sources))),
-            lambda state: (_step(model, state, sources, beam_size, min_length, ranking),),
+            lambda state: (
+                _step(model, state, sources, beam_size, min_length, no_repeat_ngram_size, ranking),
+            ),
             (state,),
             shape_invariants=(_any_shape(state),),
         )[0]

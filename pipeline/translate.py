@@ -35,6 +35,8 @@ def parse_args(argv):
     search.add_argument("--length-penalty-type", choices=("gnmt", "average"))
     search.add_argument("--coverage-penalty", type=float, help="beta")
     search.add_argument("--min-length", type=int)
+    search.add_argument("--no-repeat-ngram-size", type=int,
+                        help="no n-gram of this size twice in a translation (0: off)")  # fmt: skip
     search.add_argument("--max-length-ratio", type=float)
     search.add_argument("--sampling-temperature", type=float, help="sample instead of beam search")
     search.add_argument("--sampling-topk", type=int, default=0)
@@ -60,6 +62,8 @@ def _check(args):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    if args.no_repeat_ngram_size is not None and args.no_repeat_ngram_size < 0:
+        raise UserError("--no-repeat-ngram-size must be 0 (off) or more")
     if args.beam_size and args.n_best > args.beam_size:
         raise UserError(f"--n-best ({args.n_best}) cannot exceed --beam-size ({args.beam_size})")
     if args.sampling_temperature is not None and args.sampling_temperature <= 0:
@@ -99,6 +103,7 @@ def main(argv=None):
         length_penalty_type=args.length_penalty_type,
         coverage_penalty=args.coverage_penalty,
         min_length=args.min_length,
+        no_repeat_ngram_size=args.no_repeat_ngram_size,
         max_length_ratio=args.max_length_ratio,
         replace_unknown=args.replace_unknown,
         sampling_temperature=args.sampling_temperature,

@@ -29,6 +29,7 @@ class SearchOptions:
     length_penalty_type: str = DECODE_DEFAULTS["length_penalty_type"]
     coverage_penalty: float = DECODE_DEFAULTS["coverage_penalty"]
     min_length: int = DECODE_DEFAULTS["min_length"]
+    no_repeat_ngram_size: int = DECODE_DEFAULTS["no_repeat_ngram_size"]
     max_length_ratio: float = DECODE_DEFAULTS["max_length_ratio"]
     max_length_offset: int = DECODE_DEFAULTS["max_length_offset"]
     max_length_cap: int = DECODE_DEFAULTS["max_length_cap"]
@@ -108,14 +109,18 @@ class Translator:
             single = sampling_search(
                 self.model, source_ids, limits, o.sampling_temperature, o.sampling_topk,
                 o.sampling_topp, seed=(o.seed, 0), min_length=o.min_length,
+                no_repeat_ngram_size=o.no_repeat_ngram_size,
             )  # fmt: skip
         elif o.beam_size == 1 and o.n_best == 1:
-            single = greedy_search(self.model, source_ids, limits, o.min_length)
+            single = greedy_search(
+                self.model, source_ids, limits, o.min_length, o.no_repeat_ngram_size
+            )
         else:
             single = None
             outputs = beam_search(
                 self.model, source_ids, limits, o.beam_size, o.n_best,
                 o.length_penalty, o.length_penalty_type, o.coverage_penalty, o.min_length,
+                o.no_repeat_ngram_size,
             )  # fmt: skip
         if single is not None:
             outputs = [x[:, None] for x in single]  # one hypothesis per sentence

@@ -58,6 +58,20 @@ def onnx_session(out):
     )
 
 
+def keras_beam_search(config, model, source_ids, beam_size, **options):
+    """Keras' beam search as the exports run it: ids `[batch, 1, width]`."""
+    decode = config["decode"]
+    source_ids = tf.constant(source_ids)
+    limits = decode_length_limits(
+        source_ids, PAD_ID, decode["max_length_ratio"], decode["max_length_offset"],
+        decode["max_length_cap"],
+    )  # fmt: skip
+    return beam_search(
+        model, source_ids, limits, beam_size, alpha=decode["length_penalty"],
+        penalty=decode["length_penalty_type"], beta=decode["coverage_penalty"], **options,
+    )[0].numpy()  # fmt: skip
+
+
 def serve(loaded, sentences):
     outputs = loaded.signatures["serving_default"](sentences=tf.constant(sentences, tf.string))
     return [t.decode() for t in outputs["translations"].numpy()], outputs["scores"].numpy()
@@ -75,7 +89,8 @@ def test_training_exports_both_formats_in_place(out, saved_model_dir):
     assert (metadata["model"], metadata["int8_model"]) == ("model.onnx", "model.int8.onnx")
     assert metadata["special_ids"] == {"pad": 0, "unk": 1, "bos": 2, "eos": 3}
     assert metadata["defaults"] == {
-        "beam_size": 5, "n_best": 1, "length_penalty": 0.6, "max_length": 0
+        "beam_size": 5, "n_best": 1, "length_penalty": 0.6, "max_length": 0,
+        "no_repeat_ngram_size": 0,
     }  # fmt: skip
     assert not [p for p in out.rglob(".*") if ".tmp-" in p.name or ".old-" in p.name]
 
@@ -131,8 +146,9 @@ def test_beam_search_signature_options_and_defaults(workdir, loaded):
     source_ids = padded_ids(workdir, real_sentences(6))
     default = search_saved_model(loaded, source_ids)
     explicit = search_saved_model(
-        loaded, source_ids, beam_size=5, n_best=1, length_penalty=np.float32(0.6), max_length=0
-    )
+        loaded, source_ids, beam_size=5, n_best=1, length_penalty=np.float32(0.6), max_length=0,
+        no_repeat_ngram_size=0,
+    )  # fmt: skip
     for name in default:
         np.testing.assert_array_equal(default[name], explicit[name])
     assert default["ids"].shape[:2] == (6, 1)
@@ -150,6 +166,18 @@ def test_beam_search_signature_options_and_defaults(workdir, loaded):
 
     capped = search_saved_model(loaded, source_ids, max_length=10_000)
     assert capped["ids"].shape[2] == 20  # decode.max_length_cap of the smoke config
+
+    config = load_trained(workdir)[0]
+    for options in ({"beam_size": 1}, {"beam_size": 4}):
+        blocked = search_saved_model(loaded, source_ids, no_repeat_ngram_size=2, **options)
+        keras_ids = keras_beam_search(
+            config, model, source_ids, options["beam_size"], no_repeat_ngram_size=2
+        )
+        np.testing.assert_array_equal(blocked["ids"][:, 0], keras_ids[:, 0])
+        for row in blocked["ids"][:, 0]:
+            tokens = [t for t in row.tolist() if t != PAD_ID]
+            bigrams = list(zip(tokens, tokens[1:]))
+            assert len(set(bigrams)) == len(bigrams), tokens
 
 
 def test_every_op_exists_in_stock_tf_serving(saved_model_dir):
@@ -245,7 +273,10 @@ def test_onnx_gives_the_saved_models_ids_on_hundreds_of_inputs(workdir, loaded, 
     sentences = real_sentences(130)
     batches += [padded_ids(workdir, sentences[i : i + 13]) for i in range(0, 130, 13)]
     assert sum(len(b) for b in batches) >= 200
-    settings = [{}, {"beam_size": 3, "n_best": 2}, {"beam_size": 1}, {"length_penalty": 1.0}]
+    settings = [
+        {}, {"beam_size": 3, "n_best": 2}, {"beam_size": 1}, {"length_penalty": 1.0},
+        {"no_repeat_ngram_size": 2}, {"beam_size": 1, "no_repeat_ngram_size": 3},
+    ]  # fmt: skip
     for i, source_ids in enumerate(batches):
         options = settings[i % len(settings)]
         typed = {
@@ -513,15 +544,9 @@ def test_a_one_head_attention_model_gives_keras_ids_in_onnx_runtime(tmp_path):
     )
     config, model, _, _ = load_trained(tmp_path)
     source_ids = padded_ids(tmp_path, real_sentences(6))
-    decode = config["decode"]
-    limits = decode_length_limits(
-        tf.constant(source_ids), PAD_ID, decode["max_length_ratio"],
-        decode["max_length_offset"], decode["max_length_cap"],
-    )  # fmt: skip
     for options in (GREEDY, BEAM_5):
         onnx_ids = search_onnx(session, source_ids, **options)["ids"][:, 0]
-        keras_ids = beam_search(model, tf.constant(source_ids), limits, int(options["beam_size"]))
-        keras_ids = keras_ids[0][:, 0].numpy()
+        keras_ids = keras_beam_search(config, model, source_ids, int(options["beam_size"]))[:, 0]
         width = max(onnx_ids.shape[1], keras_ids.shape[1])
         np.testing.assert_array_equal(
             np.pad(onnx_ids, ((0, 0), (0, width - onnx_ids.shape[1]))),

@@ -10,6 +10,7 @@ import tensorflow as tf
 import layers
 from helpers import reversal_data
 from pipeline.search import (
+    _block_repeated_ngrams,
     beam_search,
     decode_length_limits,
     greedy_search,
@@ -146,6 +147,61 @@ def test_min_length_suppresses_early_end():
         ids = search(model)
         end = list(ids).index(EOS)
         assert end >= 3
+
+
+def banned_by_brute_force(row, t, size):
+    """The tokens that would complete an n-gram already among `row[:t]`."""
+    tokens = list(row[:t])
+    if size == 0 or t < size:
+        return set()
+    suffix = tokens[t - size + 1 :]
+    return {tokens[j + size - 1] for j in range(t - size + 1) if tokens[j : j + size - 1] == suffix}
+
+
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_no_repeat_ngram_blocking_forbids_exactly_the_repeating_tokens(rng, as_tensor):
+    vocab, width = 6, 12
+    for size in range(0, 5):
+        ids = rng.integers(4, vocab, (20, width)).astype(np.int32)
+        for t in range(0, width + 1):
+            written = np.where(np.arange(width) < t, ids, PAD).astype(np.int32)
+            blocked = _block_repeated_ngrams(
+                tf.zeros([20, vocab]), tf.constant(written), tf.constant(t),
+                tf.constant(size) if as_tensor else size,
+            ).numpy()  # fmt: skip
+            for row in range(20):
+                expected = banned_by_brute_force(written[row], t, size)
+                assert set(np.flatnonzero(blocked[row] < -1e8)) == expected, (size, t, row)
+
+
+LOOP = table({BOS: {A: 0.6, B: 0.4}, A: {B: 0.98, EOS: 0.02}, B: {A: 0.97, C: 0.02, EOS: 0.01},
+              C: {A: 0.5, EOS: 0.5}}, vocab=7)  # fmt: skip
+
+
+def ngrams(sequence, size):
+    return [tuple(sequence[i : i + size]) for i in range(len(sequence) - size + 1)]
+
+
+@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("search", ["greedy", "beam", "sampling"])
+def test_no_output_repeats_an_ngram_of_the_size_asked(size, search):
+    model = TableModel(LOOP)
+    sources = np.tile(SOURCE, [3, 1])
+
+    def run(no_repeat):
+        if search == "greedy":
+            ids = greedy_search(model, sources, 12, no_repeat_ngram_size=no_repeat)[0]
+        elif search == "beam":
+            ids = beam_search(model, sources, 12, 3, 3, no_repeat_ngram_size=no_repeat)[0]
+        else:
+            ids = sampling_search(model, sources, 12, seed=(3, 0),
+                                  no_repeat_ngram_size=no_repeat)[0]  # fmt: skip
+        return [[t for t in row if t != PAD] for row in ids.numpy().reshape(-1, 12)]
+
+    looping = run(0)
+    assert any(len(set(ngrams(row, size))) < len(ngrams(row, size)) for row in looping)
+    for row in run(size):
+        assert len(set(ngrams(row, size))) == len(ngrams(row, size)), row
 
 
 def test_max_length_cuts_and_alive_hypotheses_fill_in():
