@@ -41,10 +41,14 @@ def decode_length_limits(source_ids, pad_id, ratio, offset, cap, max_length=0):
     return tf.clip_by_value(limits, 1, cap)
 
 
-def _limits_and_width(max_lengths, batch):
-    """Each source's limit (`max_lengths` may be one for all) and the output buffers' width:
-    the longest limit (1 for an empty batch, so that buffers still have a valid shape)."""
+def _limits_and_width(max_lengths, batch, prefix=None, pad_id=0):
+    """Each source's limit (`max_lengths` may be one for all), raised where needed to hold
+    its `prefix` (see `_prefix_columns`) and </s>, and the output buffers' width: the longest
+    limit (1 for an empty batch, so that buffers still have a valid shape)."""
     limits = tf.broadcast_to(tf.cast(max_lengths, tf.int32), [batch])
+    if prefix is not None:
+        lengths = tf.reduce_sum(tf.cast(tf.not_equal(prefix, pad_id), tf.int32), axis=1)
+        limits = tf.maximum(limits, lengths + 1)
     return limits, tf.reduce_max(tf.concat([limits, [1]], axis=0))
 
 
@@ -94,11 +98,40 @@ def _block_repeated_ngrams(logits, ids, t, size):
     return logits + bias[:, :vocab]
 
 
-def _sequential_search(model, source_ids, max_lengths, choose, min_length=0, no_repeat=0):
-    """Picks one token per step with `choose(log_probs, logits, t)`; a source is finished at
-    </s> or at its limit."""
+def _prefix_columns(target_prefix, batch, pad_id):
+    """`target_prefix` (int32 `[rows, len]`, right-padded) as `[batch, len + 1]`: cut or padded
+    to the batch's rows (a missing row is an empty prefix) and ending in a padding column, so
+    that a step past every prefix reads padding. None stays None."""
+    if target_prefix is None:
+        return None
+    prefix = tf.convert_to_tensor(target_prefix, tf.int32)[:batch]
+    return tf.pad(prefix, [[0, batch - tf.shape(prefix)[0]], [0, 1]], constant_values=pad_id)
+
+
+def _forced_tokens(prefix, t):
+    """int32 `[rows]`: each row's prefix token at step `t` (padding once its prefix is over)."""
+    return tf.gather(prefix, tf.minimum(t, tf.shape(prefix)[1] - 1), axis=1)
+
+
+def _force(logits, forced, pad_id):
+    """Leaves only the forced token possible on the rows that have one. A forced token the
+    model (or a constraint) deems impossible stays possible, at a score of NEG_INF / 4, so
+    that its hypothesis is still extended."""
+    vocab = tf.range(tf.shape(logits)[1])
+    forcing = tf.not_equal(forced, pad_id)[:, None]
+    is_forced = tf.logical_and(forcing, tf.equal(vocab[None, :], forced[:, None]))
+    logits = tf.where(is_forced, tf.maximum(logits, NEG_INF / 4), logits)
+    return tf.where(tf.logical_and(forcing, tf.logical_not(is_forced)), NEG_INF, logits)
+
+
+def _sequential_search(
+    model, source_ids, max_lengths, choose, min_length=0, no_repeat=0, target_prefix=None
+):
+    """Picks one token per step with `choose(log_probs, logits, t)`, or the sentence's prefix
+    token while it has one; a source is finished at </s> or at its limit."""
     batch = tf.shape(source_ids)[0]
-    limits, width = _limits_and_width(max_lengths, batch)
+    prefix = _prefix_columns(target_prefix, batch, model.pad_id)
+    limits, width = _limits_and_width(max_lengths, batch, prefix, model.pad_id)
     encoded = model.encode(source_ids)
     state = model.initial_decoder_state(encoded, width)
     ids = tf.fill([batch, width], tf.constant(model.pad_id, tf.int32))
@@ -116,6 +149,9 @@ def _sequential_search(model, source_ids, max_lengths, choose, min_length=0, no_
         logits = _block_repeated_ngrams(logits, ids, t, no_repeat)
         log_probs = tf.nn.log_softmax(logits)
         chosen = choose(log_probs, logits, t)
+        if prefix is not None:
+            forced = _forced_tokens(prefix, t)
+            chosen = tf.where(tf.not_equal(forced, model.pad_id), forced, chosen)
         tokens = tf.where(finished, model.pad_id, chosen)
         chosen_log_prob = tf.gather(log_probs, chosen, batch_dims=1)
         scores += tf.where(finished, 0.0, chosen_log_prob)
@@ -134,7 +170,9 @@ def _sequential_search(model, source_ids, max_lengths, choose, min_length=0, no_
     return ids, lengths, scores, attention
 
 
-def greedy_search(model, source_ids, max_lengths, min_length=0, no_repeat_ngram_size=0):
+def greedy_search(
+    model, source_ids, max_lengths, min_length=0, no_repeat_ngram_size=0, target_prefix=None
+):
     """The most probable token at each step, until </s> or the source's limit.
 
     Args:
@@ -144,8 +182,11 @@ def greedy_search(model, source_ids, max_lengths, min_length=0, no_repeat_ngram_
             the most tokens each output may have (</s> included).
         min_length: </s> is forbidden before this many tokens.
         no_repeat_ngram_size: no n-gram of this size appears twice in an output (0: off).
+        target_prefix: int32 `[batch, len]`, right-padded, or None: each output starts with
+            its row's tokens (scored as the model scores them); a limit too short for its
+            prefix is raised to hold it and </s>.
 
-    Returns (`width` is the largest of `max_lengths`):
+    Returns (`width` is the largest limit):
         ids: int32 `[batch, width]`, each row ending with </s> then padding (or cut at its
             limit); lengths: int32 `[batch]`, tokens up to and including </s>;
         scores: float32 `[batch]`, the sum of the chosen tokens' log-probabilities;
@@ -156,7 +197,7 @@ def greedy_search(model, source_ids, max_lengths, min_length=0, no_repeat_ngram_
         return tf.argmax(log_probs, axis=-1, output_type=tf.int32)
 
     return _sequential_search(
-        model, source_ids, max_lengths, argmax, min_length, no_repeat_ngram_size
+        model, source_ids, max_lengths, argmax, min_length, no_repeat_ngram_size, target_prefix
     )
 
 
@@ -191,7 +232,7 @@ def sentence_seeds(source_ids, pad_id, seed):
 
 def sampling_search(
     model, source_ids, max_lengths, temperature=1.0, top_k=0, top_p=1.0, seed=(0, 0),
-    min_length=0, no_repeat_ngram_size=0,
+    min_length=0, no_repeat_ngram_size=0, target_prefix=None,
 ):  # fmt: skip
     """Draws each token from the model's distribution, sharpened or flattened by `temperature`
     and restricted to the `top_k` tokens and the `top_p` nucleus. A sentence's draws come from
@@ -211,7 +252,7 @@ def sampling_search(
         return tf.map_fn(draw_one, (filtered, seeds), fn_output_signature=tf.int32)
 
     return _sequential_search(
-        model, source_ids, max_lengths, draw, min_length, no_repeat_ngram_size
+        model, source_ids, max_lengths, draw, min_length, no_repeat_ngram_size, target_prefix
     )
 
 
@@ -266,6 +307,9 @@ class Sources(NamedTuple):
     index: tf.Tensor  # int32 [n]: the source's row in the caller's batch
     limit: tf.Tensor  # int32 [n]: the most tokens its hypotheses may have
     mask: tf.Tensor  # bool [n, 1, src_len]: its real (non-padding) positions
+    # int32 [n, len + 1]: the tokens its hypotheses start with, then padding; or () for none
+    # (an empty nest: loops carry it, where they cannot carry None).
+    prefix: Any
     encoded: Any  # the model's encoding: a nest of [n, ...] tensors, shared by the k beams
 
 
@@ -324,7 +368,7 @@ def _hypothesis_rows(sources, beam_size):
     return tf.reshape(sources[:, None] * beam_size + tf.range(beam_size)[None, :], [-1])
 
 
-def _initial_state(model, source_ids, limits, width, beam_size):
+def _initial_state(model, source_ids, limits, width, beam_size, prefix):
     """Every source in the batch, each with one alive hypothesis (<s>) and nothing finished."""
     batch, src_len = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
     pad = tf.constant(model.pad_id, tf.int32)
@@ -333,6 +377,7 @@ def _initial_state(model, source_ids, limits, width, beam_size):
         index=tf.range(batch),
         limit=limits,
         mask=tf.not_equal(source_ids, model.pad_id)[:, None, :],
+        prefix=() if prefix is None else prefix,
         encoded=encoded,
     )
     # Each hypothesis has its own copy of the decoder state.
@@ -370,11 +415,15 @@ def _expand(model, state, sources, beam_size, min_length, no_repeat):
     logits = _block_repeated_ngrams(
         logits, tf.reshape(alive.ids, [n * beam_size, -1]), t, no_repeat
     )
+    normaliser = tf.reduce_logsumexp(logits, axis=-1, keepdims=True)
+    if isinstance(sources.prefix, tf.Tensor):  # a forced token keeps its log-probability
+        forced = tf.repeat(_forced_tokens(sources.prefix, t), beam_size)
+        logits = _force(logits, forced, model.pad_id)
     # A source's best 2k candidates are among each beam's 2k likeliest tokens: rank those
     # alone, normalised as logit - logsumexp, rather than [n, k * vocab] log-probabilities.
     per_beam = tf.minimum(2 * beam_size, model.target_vocab_size)
     beam_logits, beam_tokens = tf.math.top_k(logits, k=per_beam)
-    beam_log_probs = beam_logits - tf.reduce_logsumexp(logits, axis=-1, keepdims=True)
+    beam_log_probs = beam_logits - normaliser
     beam_log_probs = tf.reshape(beam_log_probs, [n, beam_size, per_beam])
     totals = tf.reshape(alive.log_probs[:, :, None] + beam_log_probs, [n, -1])
     log_probs, best = tf.math.top_k(totals, k=2 * beam_size)
@@ -516,6 +565,7 @@ def beam_search(
     beta=0.0,
     min_length=0,
     no_repeat_ngram_size=0,
+    target_prefix=None,
 ):
     """Batched beam search with length normalisation and coverage penalty (Wu et al., 2016,
     "Google's Neural Machine Translation System", section 7), keeping finished and alive
@@ -542,9 +592,14 @@ def beam_search(
         beta: the weight of the coverage penalty (0 for none).
         min_length: </s> is forbidden before this many tokens.
         no_repeat_ngram_size: no n-gram of this size appears twice in a hypothesis (0: off).
+        target_prefix: as for `greedy_search`: every hypothesis of a source starts with its
+            row's tokens.
         no_repeat_ngram_size: no n-gram of this size appears twice in an output (0: off).
+        target_prefix: int32 `[batch, len]`, right-padded, or None: each output starts with
+            its row's tokens (scored as the model scores them); a limit too short for its
+            prefix is raised to hold it and </s>.
 
-    Returns (`width` is the largest of `max_lengths`):
+    Returns (`width` is the largest limit):
         ids: int32 `[batch, n_best, width]`, best first; lengths: int32 `[batch, n_best]`
         (</s> included); scores: float32 `[batch, n_best]` (the ranking score);
         attention: float32 `[batch, n_best, width, src_len]`.
@@ -556,8 +611,9 @@ def beam_search(
         tf.convert_to_tensor(alpha, tf.float32), penalty, tf.convert_to_tensor(beta, tf.float32)
     )
     batch, src_len = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
-    limits, width = _limits_and_width(max_lengths, batch)
-    state, sources = _initial_state(model, source_ids, limits, width, beam_size)
+    prefix = _prefix_columns(target_prefix, batch, model.pad_id)
+    limits, width = _limits_and_width(max_lengths, batch, prefix, model.pad_id)
+    state, sources = _initial_state(model, source_ids, limits, width, beam_size, prefix)
     results = NBest(
         ids=tf.fill([batch, n_best, width], tf.constant(model.pad_id, tf.int32)),
         scores=tf.zeros([batch, n_best]),

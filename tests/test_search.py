@@ -204,6 +204,58 @@ def test_no_output_repeats_an_ngram_of_the_size_asked(size, search):
         assert len(set(ngrams(row, size))) == len(ngrams(row, size)), row
 
 
+PREFIXES = np.array([[B, A, B], [PAD, PAD, PAD], [B, C, PAD]], np.int32)
+
+
+def prefix_of(row):
+    return [t for t in row if t != PAD]
+
+
+def log_prob_of(probs, sequence):
+    previous, total = BOS, 0.0
+    for token in sequence:
+        total += math.log(probs[previous, token])
+        previous = token
+    return total
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam", "sampling"])
+def test_every_hypothesis_starts_with_its_prefix_and_is_scored_whole(search):
+    model = TableModel(LOOP)
+    sources = np.tile(SOURCE, [3, 1])
+
+    def run(source_ids, prefix, limit):
+        if search == "greedy":
+            ids, lengths, scores, _ = greedy_search(model, source_ids, limit, target_prefix=prefix)
+            return ids.numpy()[:, None], lengths.numpy()[:, None], scores.numpy()[:, None]
+        if search == "sampling":
+            ids, lengths, scores, _ = sampling_search(
+                model, source_ids, limit, seed=(5, 0), target_prefix=prefix
+            )
+            return ids.numpy()[:, None], lengths.numpy()[:, None], scores.numpy()[:, None]
+        ids, lengths, scores, _ = beam_search(
+            model, source_ids, limit, beam_size=3, n_best=3, target_prefix=prefix
+        )
+        return ids.numpy(), lengths.numpy(), scores.numpy()
+
+    ids, lengths, scores = run(sources, PREFIXES, 8)
+    for row, prefix in enumerate(PREFIXES):
+        expected = prefix_of(prefix)
+        for n in range(ids.shape[1]):
+            hypothesis = ids[row, n, : lengths[row, n]].tolist()
+            assert hypothesis[: len(expected)] == expected, (row, hypothesis)
+            if search != "beam":  # beam scores carry the length penalty
+                assert scores[row, n] == pytest.approx(log_prob_of(LOOP, hypothesis), abs=1e-4)
+        alone = run(sources[row : row + 1], PREFIXES[row : row + 1], 8)
+        np.testing.assert_array_equal(alone[0][0], ids[row, :, : alone[0].shape[2]])
+    # A token the model deems impossible (here C after <s>) is forced all the same.
+    ids, lengths, _ = run(sources[:1], np.array([[C]], np.int32), 8)
+    assert ids[0, 0, 0] == C
+    # A limit too short for the prefix is raised to hold it and </s>.
+    ids, lengths, _ = run(sources[:1], PREFIXES[:1], 2)
+    assert ids[0, 0, :3].tolist() == [B, A, B] and lengths[0, 0] == 4
+
+
 def test_max_length_cuts_and_alive_hypotheses_fill_in():
     loop = table({BOS: {A: 1.0}, A: {A: 1.0}})
     ids, lengths, scores, _ = beam_search(
