@@ -45,7 +45,7 @@ def export_saved_model(graph, output, model_name, version, log=print):
     missing = unsupported_ops(read_meta_graph(target).graph_def)
     if missing:
         log(f"Warning: ops absent from stock TF Serving (2.12+): {', '.join(missing)}")
-    log(f"SavedModel: {target} (signatures serving_default, beam_search)")
+    log(f"SavedModel: {target} (signatures {', '.join(graph.signatures())})")
     return target
 
 

@@ -17,7 +17,7 @@ import onnx
 import tf2onnx
 
 from export.onnx_rewrites import optimise_loops
-from export.signature import SEARCH_OPTIONS
+from export.signature import SEARCH_OPTIONS, TARGET_PREFIX
 from pipeline.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 MODEL_FILE = "model.onnx"
@@ -27,10 +27,13 @@ FORMAT_VERSION = 1
 
 
 def _add_input_defaults(model, defaults):
-    """Gives each search option an initializer: ONNX Runtime then treats it as optional."""
+    """Gives each search option and the target prefix (none) an initializer: ONNX Runtime
+    then treats them as optional."""
     for option in SEARCH_OPTIONS:
         array = np.array(defaults[option.name], dtype=option.dtype)
         model.graph.initializer.append(onnx.numpy_helper.from_array(array, option.name))
+    no_prefix = np.zeros((0, 0), np.int32)
+    model.graph.initializer.append(onnx.numpy_helper.from_array(no_prefix, TARGET_PREFIX))
 
 
 def write_int8(source, target):

@@ -19,7 +19,7 @@ import numpy as np
 import onnxruntime
 import sentencepiece
 
-from export.signature import SOURCE_IDS, option_dtypes
+from export.signature import SOURCE_IDS, TARGET_PREFIX, option_dtypes
 
 METADATA_FILE = "model.json"
 
@@ -79,25 +79,37 @@ class Translator:
         limit = self.metadata["max_source_length"]
         return [ids[:limit] for ids in self.source.encode(list(sentences))]
 
-    def search(self, source_ids, **options):
-        """Runs the model on one padded batch: int32 `[batch, src_len]` -> dict of arrays."""
+    def search(self, source_ids, target_prefix=None, **options):
+        """Runs the model on one padded batch: int32 `[batch, src_len]` (and optionally the
+        target prefixes, int32 `[batch, len]`, right-padded) -> dict of arrays."""
         feeds = {SOURCE_IDS: np.asarray(source_ids, dtype=np.int32)}
+        if target_prefix is not None:
+            if TARGET_PREFIX not in self.metadata["inputs"]:
+                raise ValueError(f"{self.directory}: this export takes no {TARGET_PREFIX}")
+            feeds[TARGET_PREFIX] = np.asarray(target_prefix, dtype=np.int32)
         for name, dtype in option_dtypes(options).items():
             if options[name] is not None:
                 feeds[name] = np.asarray(options[name], dtype=dtype)
         names = [output.name for output in self.session.get_outputs()]
         return dict(zip(names, self.session.run(names, feeds)))
 
-    def translate_ids(self, source_ids, **options):
-        """For each id list, its `n_best` hypotheses as (target ids without </s>, score)."""
+    def _padded(self, rows):
+        """int32 `[len(rows), longest]` (at least one column), right-padded."""
+        batch = np.full((len(rows), max(1, *map(len, rows))), self.pad_id, dtype=np.int32)
+        for r, ids in enumerate(rows):
+            batch[r, : len(ids)] = ids
+        return batch
+
+    def translate_ids(self, source_ids, target_prefixes=None, **options):
+        """For each id list, its `n_best` hypotheses as (target ids without </s>, score);
+        each starts with its `target_prefixes` ids where given."""
         results = [None] * len(source_ids)
         order = np.argsort([len(ids) for ids in source_ids], kind="stable")
         for start in range(0, len(order), self.batch_size):
             indices = order[start : start + self.batch_size]
-            width = max(1, max(len(source_ids[i]) for i in indices))
-            batch = np.full((len(indices), width), self.pad_id, dtype=np.int32)
-            for row, index in enumerate(indices):
-                batch[row, : len(source_ids[index])] = source_ids[index]
+            batch = self._padded([source_ids[i] for i in indices])
+            if target_prefixes is not None:
+                options["target_prefix"] = self._padded([target_prefixes[i] for i in indices])
             output = self.search(batch, **options)
             for row, index in enumerate(indices):
                 results[index] = [  # an empty source comes back as ids all pad, score 0
@@ -106,19 +118,27 @@ class Translator:
                 ]
         return results
 
-    def translate(self, sentences, **options):
+    def _prefix_ids(self, target_prefix):
+        return None if target_prefix is None else self.target.encode(list(target_prefix))
+
+    def translate(self, sentences, target_prefix=None, **options):
         """The best translation of each sentence, as text ("" for an empty sentence).
 
-        Options (each may be omitted, for the exported default): `beam_size`,
-        `length_penalty`, `max_length` (0: from each sentence's own length); see
-        `export.signature.SEARCH_OPTIONS`.
+        `target_prefix`: a text per sentence ("" for none) that its translation must start
+        with. Options (each may be omitted, for the exported default): `beam_size`,
+        `length_penalty`, `max_length` (0: from each sentence's own length),
+        `no_repeat_ngram_size`; see `export.signature.SEARCH_OPTIONS`.
         """
-        hypotheses = self.translate_ids(self.encode(sentences), **options)
+        hypotheses = self.translate_ids(
+            self.encode(sentences), self._prefix_ids(target_prefix), **options
+        )
         return [self.target.decode(best[0][0]) for best in hypotheses]
 
-    def translate_n_best(self, sentences, n_best, **options):
+    def translate_n_best(self, sentences, n_best, target_prefix=None, **options):
         """The `n_best` (text, score) pairs of each sentence, best first."""
-        hypotheses = self.translate_ids(self.encode(sentences), n_best=n_best, **options)
+        hypotheses = self.translate_ids(
+            self.encode(sentences), self._prefix_ids(target_prefix), n_best=n_best, **options
+        )
         return [[(self.target.decode(ids), score) for ids, score in h] for h in hypotheses]
 
     def _strip(self, ids):

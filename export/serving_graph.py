@@ -19,6 +19,8 @@ from export.signature import (
     SENTENCES,
     SERVING_DEFAULT,
     SOURCE_IDS,
+    TARGET_PREFIX,
+    WITH_PREFIX,
     search_defaults,
 )
 from pipeline.search import beam_search, blank_empty_sources, decode_length_limits
@@ -26,12 +28,16 @@ from pipeline.tokenizer import PAD_ID, UNK_ID
 
 
 def _search_signature(search, defaults):
-    """`search(source_ids, **options)` as a `tf.function` whose inputs are `SOURCE_IDS` and
-    the `SEARCH_OPTIONS`, each with its default (a tensor default becomes the SignatureDef's
-    default, so that a request may leave the option out)."""
+    """`search(source_ids, target_prefix, **options)` as a `tf.function` whose inputs are
+    `SOURCE_IDS`, `TARGET_PREFIX` (default: none) and the `SEARCH_OPTIONS`, each with its
+    default (a tensor default becomes the SignatureDef's default, so that a request may leave
+    the input out)."""
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
     signature = inspect.Signature(
-        [inspect.Parameter(SOURCE_IDS, kind)]
+        [
+            inspect.Parameter(SOURCE_IDS, kind),
+            inspect.Parameter(TARGET_PREFIX, kind, default=tf.zeros([0, 0], tf.int32)),
+        ]
         + [
             inspect.Parameter(o.name, kind, default=tf.constant(defaults[o.name]))
             for o in SEARCH_OPTIONS
@@ -44,9 +50,10 @@ def _search_signature(search, defaults):
         return search(**bound.arguments)
 
     search_with_options.__signature__ = signature
-    input_signature = [tf.TensorSpec([None, None], tf.int32, name=SOURCE_IDS)] + [
-        tf.TensorSpec([], o.dtype, name=o.name) for o in SEARCH_OPTIONS
-    ]
+    input_signature = [
+        tf.TensorSpec([None, None], tf.int32, name=SOURCE_IDS),
+        tf.TensorSpec([None, None], tf.int32, name=TARGET_PREFIX),
+    ] + [tf.TensorSpec([], o.dtype, name=o.name) for o in SEARCH_OPTIONS]
     return tf.function(search_with_options, input_signature=input_signature)
 
 
@@ -61,6 +68,10 @@ class TranslationGraph(tf.Module):
     is asked), so that its translation does not depend on the rest of the batch; `width` is
     the batch's longest limit. Sources are cut at `decode.max_source_length`; ids outside the
     vocabulary read as <unk>; an all-padding source gives ids all 0, length 0 and score 0.
+
+    `beam_search` takes an optional `target_prefix` (`export.signature.TARGET_PREFIX`), and
+    `translate_with_prefix` is `translate` with a text prefix per sentence: what each
+    translation must start with; it is part of the output and of its score.
 
     `translate` (the `serving_default` signature): sentences string `[batch]` ->
     `translations` string `[batch]` and `scores` float32 `[batch]`, with SentencePiece
@@ -86,13 +97,19 @@ class TranslationGraph(tf.Module):
         ratio, offset = decode["max_length_ratio"], decode["max_length_offset"]
         self.max_length_cap = cap
 
-        source_vocab_size = model.source_vocab_size
+        source_vocab_size, target_vocab_size = model.source_vocab_size, model.target_vocab_size
 
-        def search(source_ids, beam_size, n_best, length_penalty, max_length, no_repeat_ngram_size):
+        def within_vocabulary(ids, size):
+            return tf.where(tf.logical_and(ids >= 0, ids < size), ids, UNK_ID)
+
+        def search(
+            source_ids, target_prefix, beam_size, n_best, length_penalty, max_length,
+            no_repeat_ngram_size,
+        ):  # fmt: skip
             # Requests are untrusted: ids outside the vocabulary read as <unk>, long sources
-            # are cut, and the beam is kept within [1, MAX_BEAM_SIZE].
-            valid = tf.logical_and(source_ids >= 0, source_ids < source_vocab_size)
-            source_ids = tf.where(valid, source_ids, UNK_ID)[:, :max_source_length]
+            # and prefixes are cut, and the beam is kept within [1, MAX_BEAM_SIZE].
+            source_ids = within_vocabulary(source_ids, source_vocab_size)[:, :max_source_length]
+            target_prefix = within_vocabulary(target_prefix, target_vocab_size)[:, : cap - 1]
             limits = decode_length_limits(source_ids, PAD_ID, ratio, offset, cap, max_length)
             outputs = beam_search(
                 model,
@@ -105,25 +122,43 @@ class TranslationGraph(tf.Module):
                 beta=decode["coverage_penalty"],
                 min_length=decode["min_length"],
                 no_repeat_ngram_size=tf.maximum(no_repeat_ngram_size, 0),
+                target_prefix=target_prefix,
             )
             ids, lengths, scores, attention = blank_empty_sources(source_ids, PAD_ID, *outputs)
             return dict(zip(SEARCH_OUTPUTS, (ids, lengths, scores, attention)))
 
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=SENTENCES)])
-        def translate(sentences):
+        def translate_text(sentences, target_prefix):
             pieces = self.source_tokenizer.tokenize(sentences)[:, :max_source_length]
             source_ids = pieces.to_tensor(PAD_ID)
             # A batch of empty sentences still needs one (padding) column to encode.
             width = tf.maximum(tf.shape(source_ids)[1], 1)
             source_ids = tf.pad(source_ids, [[0, 0], [0, width - tf.shape(source_ids)[1]]])
-            best = search(source_ids, **defaults)
+            prefix_ids = self.target_tokenizer.tokenize(target_prefix).to_tensor(PAD_ID)
+            best = search(source_ids, prefix_ids, **defaults)
             return {
                 "translations": self.target_tokenizer.detokenize(best["ids"][:, 0]),
                 "scores": best["scores"][:, 0],
             }
 
+        sentences_spec = tf.TensorSpec([None], tf.string, name=SENTENCES)
+
+        @tf.function(input_signature=[sentences_spec])
+        def translate(sentences):
+            return translate_text(sentences, tf.constant([], tf.string))
+
+        @tf.function(
+            input_signature=[sentences_spec, tf.TensorSpec([None], tf.string, name=TARGET_PREFIX)]
+        )
+        def translate_with_prefix(sentences, target_prefix):
+            return translate_text(sentences, target_prefix)
+
         self.beam_search = _search_signature(search, defaults)
         self.translate = translate
+        self.translate_with_prefix = translate_with_prefix
 
     def signatures(self):
-        return {SERVING_DEFAULT: self.translate, BEAM_SEARCH: self.beam_search}
+        return {
+            SERVING_DEFAULT: self.translate,
+            BEAM_SEARCH: self.beam_search,
+            WITH_PREFIX: self.translate_with_prefix,
+        }

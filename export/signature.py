@@ -10,9 +10,17 @@ import dataclasses
 
 SERVING_DEFAULT = "serving_default"  # sentences string [batch] -> translations, scores
 BEAM_SEARCH = "beam_search"  # source ids and the search options -> SEARCH_OUTPUTS
+# sentences and TARGET_PREFIX strings [batch] -> translations, scores: `serving_default`
+# with a prefix per sentence ("" for none), both inputs required (serving_default's inputs
+# stay as they were, so that no caller of it has to change).
+WITH_PREFIX = "translate_with_prefix"
 
 SENTENCES = "sentences"  # string [batch]: the input of `serving_default`
 SOURCE_IDS = "source_ids"  # int32 [batch, src_len], right-padded with 0
+# What each translation must start with. `beam_search`: int32 [batch, len] target ids,
+# right-padded with 0, optional (rows past those given, as in the default, which has none,
+# are empty prefixes); `translate_with_prefix`: string [batch].
+TARGET_PREFIX = "target_prefix"
 SEARCH_OUTPUTS = ("ids", "lengths", "scores", "attention")
 MAX_BEAM_SIZE = 64  # a larger requested beam is clipped to it
 

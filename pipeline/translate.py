@@ -46,6 +46,9 @@ def parse_args(argv):
     search.add_argument("--replace-unknown", action="store_true", default=None,
                         help="replace <unk> by the most attended source token")  # fmt: skip
     search.add_argument("--batch-size", type=int)
+    search.add_argument("--target-prefix", type=Path,
+                        help="file of prefixes, a line per input line: each translation starts "
+                             "with its line's text (an empty line: no prefix)")  # fmt: skip
     output = parser.add_argument_group("output")
     output.add_argument("--scores", action="store_true", help="print each translation's score")
     output.add_argument(
@@ -87,6 +90,7 @@ def main(argv=None):
     from tqdm import tqdm
 
     from pipeline.attention_plot import plot_attention
+    from pipeline.errors import UserError
     from pipeline.text_input import read_sentences
     from pipeline.translation import SearchOptions, Translator
     from pipeline.workdir import load_trained
@@ -94,6 +98,14 @@ def main(argv=None):
     # The model first: a bad work directory is reported before anyone types on stdin.
     config, model, source_tokenizer, target_tokenizer = load_trained(args.workdir)
     sentences = read_sentences(args.input, args.errors)
+    prefixes = None
+    if args.target_prefix:
+        prefixes = read_sentences(args.target_prefix, args.errors)
+        if len(prefixes) != len(sentences):
+            raise UserError(
+                f"{args.target_prefix} has {len(prefixes)} lines but the input has "
+                f"{len(sentences)}: a prefix line per input line"
+            )
     beam_size = args.beam_size or max(config["decode"]["beam_size"], args.n_best)
     options = SearchOptions.from_config(
         config["decode"],
@@ -118,7 +130,7 @@ def main(argv=None):
     with tqdm(
         total=len(sentences), unit="sent", disable=args.input is None, file=sys.stderr
     ) as bar:
-        results = translator.translate(sentences, progress=bar.update)
+        results = translator.translate(sentences, progress=bar.update, target_prefix=prefixes)
 
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     with out if args.output else _no_close(out):

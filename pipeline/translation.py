@@ -93,14 +93,13 @@ class Translator:
         self.target_tokenizer = target_tokenizer
         self.options = options
         self.batch_size = batch_size
-        self._search = tf.function(
-            self._search_batch,
-            input_signature=[tf.TensorSpec([None, None], tf.int32)],
-            reduce_retracing=True,
-        )
+        ids = tf.TensorSpec([None, None], tf.int32)
+        self._search = tf.function(self._search_batch, input_signature=[ids])
+        self._search_with_prefix = tf.function(self._search_batch, input_signature=[ids, ids])
 
-    def _search_batch(self, source_ids):
-        """ids `[batch, n, max_len]`, scores `[batch, n]`, attention `[batch, n, max_len, src]`."""
+    def _search_batch(self, source_ids, target_prefix=None):
+        """ids `[batch, n, max_len]`, scores `[batch, n]`, attention `[batch, n, max_len, src]`;
+        each hypothesis starting with its row of `target_prefix` (int32, right-padded)."""
         o = self.options
         limits = decode_length_limits(
             source_ids, PAD_ID, o.max_length_ratio, o.max_length_offset, o.max_length_cap
@@ -109,37 +108,46 @@ class Translator:
             single = sampling_search(
                 self.model, source_ids, limits, o.sampling_temperature, o.sampling_topk,
                 o.sampling_topp, seed=(o.seed, 0), min_length=o.min_length,
-                no_repeat_ngram_size=o.no_repeat_ngram_size,
+                no_repeat_ngram_size=o.no_repeat_ngram_size, target_prefix=target_prefix,
             )  # fmt: skip
         elif o.beam_size == 1 and o.n_best == 1:
             single = greedy_search(
-                self.model, source_ids, limits, o.min_length, o.no_repeat_ngram_size
-            )
+                self.model, source_ids, limits, o.min_length, o.no_repeat_ngram_size,
+                target_prefix,
+            )  # fmt: skip
         else:
             single = None
             outputs = beam_search(
                 self.model, source_ids, limits, o.beam_size, o.n_best,
                 o.length_penalty, o.length_penalty_type, o.coverage_penalty, o.min_length,
-                o.no_repeat_ngram_size,
+                o.no_repeat_ngram_size, target_prefix,
             )  # fmt: skip
         if single is not None:
             outputs = [x[:, None] for x in single]  # one hypothesis per sentence
         ids, _, scores, attention = blank_empty_sources(source_ids, PAD_ID, *outputs)
         return ids, scores, attention
 
-    def translate(self, sentences, progress=None):
-        """The `n_best` hypotheses (best first) of each sentence, in input order."""
+    def translate(self, sentences, progress=None, target_prefix=None):
+        """The `n_best` hypotheses (best first) of each sentence, in input order; with
+        `target_prefix` (a text per sentence, "" for none), each starts with its text."""
         if not sentences:
             return []
         source_ids = self.source_tokenizer.tokenize(tf.constant(sentences))
         source_ids = source_ids[:, : self.options.max_source_length]  # as the exports do
+        if target_prefix is not None:
+            prefix_ids = self.target_tokenizer.tokenize(tf.constant(list(target_prefix)))
         results = [None] * len(sentences)
         for indices in length_sorted_batches(source_ids.row_lengths().numpy(), self.batch_size):
             batch = tf.gather(source_ids, indices)
             # Empty sentences alone still need one (padding) column to encode.
             width = max(1, int(batch.bounding_shape(1)))
             padded = batch.to_tensor(PAD_ID, shape=[len(indices), width])
-            ids, scores, attention = (t.numpy() for t in self._search(padded))
+            if target_prefix is None:
+                outputs = self._search(padded)
+            else:
+                prefix = tf.gather(prefix_ids, indices).to_tensor(PAD_ID)
+                outputs = self._search_with_prefix(padded, prefix)
+            ids, scores, attention = (t.numpy() for t in outputs)
             for row, index in enumerate(indices):
                 source = batch[row].numpy().tolist()
                 results[index] = [

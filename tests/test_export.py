@@ -552,3 +552,36 @@ def test_a_one_head_attention_model_gives_keras_ids_in_onnx_runtime(tmp_path):
             np.pad(onnx_ids, ((0, 0), (0, width - onnx_ids.shape[1]))),
             np.pad(keras_ids, ((0, 0), (0, width - keras_ids.shape[1]))),
         )
+
+
+def test_every_runtime_starts_each_translation_with_its_prefix(workdir, loaded, onnx_session, out):
+    config, model, _, target_tokenizer = load_trained(workdir)
+    sentences = real_sentences(5)
+    prefixes = ["A man", "", "Two", "The dog is", "a"]
+    source_ids = padded_ids(workdir, sentences)
+    prefix_ids = target_tokenizer.tokenize(tf.constant(prefixes)).to_tensor(PAD_ID).numpy()
+    keras = keras_beam_search(config, model, source_ids, 4, target_prefix=prefix_ids)[:, 0]
+    for name, search in both_runtimes(loaded, onnx_session).items():
+        exported = search(source_ids, target_prefix=prefix_ids, beam_size=np.int32(4))["ids"]
+        np.testing.assert_array_equal(exported[:, 0], keras, err_msg=name)
+    for row, prefix in enumerate(prefix_ids):
+        prefix = [t for t in prefix.tolist() if t != PAD_ID]
+        assert keras[row, : len(prefix)].tolist() == prefix
+
+    # Text in, text out: serving_default, the ONNX runtime and the in-process translator.
+    served = loaded.signatures["translate_with_prefix"](
+        sentences=tf.constant(sentences), target_prefix=tf.constant(prefixes)
+    )["translations"].numpy()
+    onnx_texts = OnnxTranslator(out).translate(sentences, target_prefix=prefixes)
+    search = SearchOptions.from_config(config["decode"])
+    keras_texts = [
+        h[0].text
+        for h in Translator(model, *load_trained(workdir)[2:], search).translate(
+            sentences, target_prefix=prefixes
+        )
+    ]
+    assert [t.decode() for t in served] == onnx_texts == keras_texts
+    for text, prefix in zip(onnx_texts, prefixes, strict=True):
+        assert text.startswith(prefix), (text, prefix)
+    # Without a prefix, as before.
+    assert OnnxTranslator(out).translate(sentences) == serve(loaded, sentences)[0]
