@@ -16,7 +16,7 @@ from pipeline.config import (
 )
 from pipeline.distribution import EXIT_RESTART, WorkerLost, current_task
 from pipeline.errors import UserError, report_user_errors
-from pipeline.workdir import CONFIG_FILE
+from pipeline.workdir import CONFIG_FILE, MODEL_FILE
 
 
 def parse_args(argv):
@@ -31,6 +31,13 @@ def parse_args(argv):
         "--strategy",
         choices=("default", "mirrored", "multi_worker", "tpu"),
         help="tf.distribute strategy (overrides distribute.strategy)",
+    )
+    parser.add_argument(
+        "--init-from",
+        type=Path,
+        metavar="DIR",
+        help="fine-tune: start from the trained work directory DIR's weights and vocabularies "
+        "(the model settings must match), with a fresh optimizer and schedule; DIR is only read",
     )
     parser.add_argument(
         "--set",
@@ -64,12 +71,57 @@ def _check_workdir(workdir, config):
             )
 
 
+# Model settings a fine-tuned model may change: they have no weights and change no shape.
+FINE_TUNABLE_MODEL_KEYS = ("dropout",)
+
+
+def fine_tuning_config(config, init_from):
+    """`config` set to take its vocabularies from the trained work directory `init_from`,
+    refusing a model whose settings differ from that directory's, or other vocabularies."""
+    from pipeline.tokenizer import SIDES, vocabulary_paths
+
+    saved = init_from / CONFIG_FILE
+    if not saved.is_file() or not (init_from / MODEL_FILE).is_file():
+        raise UserError(f"--init-from {init_from}: no trained model there ({CONFIG_FILE} and "
+                        f"{MODEL_FILE} expected)")  # fmt: skip
+    trained = load_config(saved)["model"]
+    differing = sorted(
+        key
+        for key in config["model"]
+        if key not in FINE_TUNABLE_MODEL_KEYS and config["model"][key] != trained[key]
+    )
+    if differing:
+        key = differing[0]
+        raise UserError(
+            f"--init-from {init_from}: model.{key} is {config['model'][key]!r} here but "
+            f"{trained[key]!r} in {saved}"
+            + (f" (and {len(differing) - 1} more model settings differ)" if differing[1:] else "")
+            + "; a fine-tuned model keeps the trained model's settings (dropout aside)"
+        )
+    config = {**config, "data": dict(config["data"])}
+    for side, path in zip(SIDES, vocabulary_paths(init_from), strict=True):
+        given = config["data"][f"{side}_vocabulary"]
+        if given and Path(given).read_bytes() != path.read_bytes():
+            raise UserError(
+                f"--init-from {init_from}: data.{side}_vocabulary ({given}) is not the "
+                f"vocabulary the model was trained with ({path})"
+            )
+        config["data"][f"{side}_vocabulary"] = str(path)
+    return config
+
+
 @report_user_errors
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     overrides = args.set + ([f"distribute.strategy={args.strategy}"] if args.strategy else [])
     config = load_config(args.config, overrides)
+    if args.init_from:
+        config = fine_tuning_config(config, args.init_from)
     workdir = args.workdir or Path("runs") / args.config.stem
+    if args.init_from and workdir.resolve() == args.init_from.resolve():
+        raise UserError(
+            f"--init-from {args.init_from} is the work directory; fine-tune into a new one"
+        )
     workdir.mkdir(parents=True, exist_ok=True)
     _check_workdir(workdir, config)
     log(f"Work directory: {workdir}")
@@ -78,7 +130,7 @@ def main(argv=None):
     from pipeline.trainer import run
 
     try:
-        history = run(config, workdir, log)
+        history = run(config, workdir, log, init_from=args.init_from)
     except WorkerLost as lost:
         log(f"\n{lost}")
         sys.exit(EXIT_RESTART)

@@ -39,6 +39,7 @@ from pipeline.workdir import (
     MODEL_FILE,
     TEST_REPORT,
     TEST_TRANSLATIONS,
+    load_trained,
     save_model_atomically,
 )
 
@@ -181,8 +182,22 @@ def _evaluate_test(translator, corpus, workdir, training_seconds, log):
     )
 
 
-def run(config, workdir, log=print):
+def _initialise_from(model, init_from, log):
+    """Sets `model`'s weights to those of the model trained in `init_from`."""
+    trained = load_trained(init_from)[1]
+    try:
+        model.set_weights(trained.get_weights())
+    except ValueError as error:
+        raise UserError(
+            f"--init-from {init_from}: its weights do not fit this model ({first_line(error)})"
+        ) from None
+    log(f"Initialised from {init_from / MODEL_FILE} (fine-tuning: fresh optimizer and schedule)")
+
+
+def run(config, workdir, log=print, init_from=None):
     """Trains (or resumes) the model of `config` in `workdir`; returns the Keras history.
+    With `init_from` (a trained work directory), a run that has no checkpoint yet starts
+    from that directory's weights.
 
     Under a multi-worker strategy every worker calls this; only the chief writes to
     `workdir`, the others to their scratch folders (see `pipeline.distribution`).
@@ -244,6 +259,8 @@ def run(config, workdir, log=print):
         )
         # Workers other than the chief take the chief's state rather than read their own.
         restored = task.is_chief and _restore(checkpoint, manager)
+        if init_from and task.is_chief and not restored:
+            _initialise_from(model, init_from, log)
         take_chiefs_state(
             strategy, [*model.weights, *optimizer.variables, completed_epochs, *positions],
             task.is_chief,
