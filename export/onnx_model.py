@@ -61,9 +61,9 @@ def write_onnx(graph, directory, vocabulary_paths, opset, int8=True):
         write_int8(directory / MODEL_FILE, directory / INT8_MODEL_FILE)
     files = {}
     for side, path in zip(("source", "target"), vocabulary_paths):
-        for suffix in (".model", ".vocab"):
-            shutil.copyfile(path.with_suffix(suffix), directory / f"{side}{suffix}")
-        files[f"{side}_vocabulary"] = f"{side}.model"
+        for suffix in (".model", ".vocab"):  # a shared vocabulary is copied once, as it is named
+            shutil.copyfile(path.with_suffix(suffix), directory / path.with_suffix(suffix).name)
+        files[f"{side}_vocabulary"] = path.name
     metadata = {
         "format_version": FORMAT_VERSION,
         "model": MODEL_FILE,

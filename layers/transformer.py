@@ -37,6 +37,8 @@ class Transformer(EncoderDecoderModel):
         tie_embeddings: the output projection is the transposed target embedding
             (keras-hub's `ReversibleEmbedding`).
         normalize_first: pre-norm layers (with a final normalisation of each stack).
+        share_embeddings: one embedding matrix for both sides (which must then share one
+            vocabulary), and with `tie_embeddings` for the output projection too.
         label_smoothing, pad_id, bos_id, eos_id: see `EncoderDecoderModel`.
     """
 
@@ -54,6 +56,7 @@ class Transformer(EncoderDecoderModel):
         max_positions=512,
         tie_embeddings=True,
         normalize_first=True,
+        share_embeddings=False,
         label_smoothing=0.0,
         pad_id=0,
         bos_id=2,
@@ -75,17 +78,26 @@ class Transformer(EncoderDecoderModel):
         self.max_positions = int(max_positions)
         self.tie_embeddings = bool(tie_embeddings)
         self.normalize_first = bool(normalize_first)
+        self.share_embeddings = bool(share_embeddings)
+        if self.share_embeddings and self._source_vocab_size != self._target_vocab_size:
+            raise ValueError(
+                "share_embeddings needs one vocabulary for both sides, got "
+                f"{self._source_vocab_size} source and {self._target_vocab_size} target ids"
+            )
 
         # N(0, 1/d) embeddings, scaled by sqrt(d): inputs of unit variance, and a tied output
         # projection of the usual scale.
         initializer = keras.initializers.RandomNormal(stddev=self.model_dim**-0.5)
-        self.source_embedding = keras.layers.Embedding(
-            self._source_vocab_size, self.model_dim, embeddings_initializer=initializer,
-            name="source_embedding",
-        )  # fmt: skip
         self.target_embedding = keras_hub.layers.ReversibleEmbedding(
             self._target_vocab_size, self.model_dim, tie_weights=self.tie_embeddings,
             embeddings_initializer=initializer, name="target_embedding",
+        )  # fmt: skip
+        # Shared: one matrix embeds both sides (and, tied, projects the output).
+        self.source_embedding = self.target_embedding if self.share_embeddings else (
+            keras.layers.Embedding(
+                self._source_vocab_size, self.model_dim, embeddings_initializer=initializer,
+                name="source_embedding",
+            )
         )  # fmt: skip
         self.source_positions = self._position_layer("source_positions")
         self.target_positions = self._position_layer("target_positions")
@@ -123,8 +135,10 @@ class Transformer(EncoderDecoderModel):
 
     def build(self, input_shape):
         sequence = (None, None, self.model_dim)
-        self.source_embedding.build((None, None))
-        self.target_embedding.build((None, None))
+        for embedding in {
+            id(e): e for e in (self.source_embedding, self.target_embedding)
+        }.values():
+            embedding.build((None, None))
         for layer in (self.source_positions, self.target_positions):
             layer.build(sequence)
         for layer in self.encoder_layers:
@@ -224,5 +238,6 @@ class Transformer(EncoderDecoderModel):
             max_positions=self.max_positions,
             tie_embeddings=self.tie_embeddings,
             normalize_first=self.normalize_first,
+            share_embeddings=self.share_embeddings,
         )
         return config

@@ -76,6 +76,8 @@ SCHEMA = {
         "source_vocab_size": _positive_int(8000),
         "target_vocab_size": _positive_int(8000),
         "subword_model": Field(str, "unigram", choices=("unigram", "bpe")),
+        # One SentencePiece model for both sides, trained on both (vocab/shared.model).
+        "shared_vocabulary": Field(bool, False),
         "max_source_length": _positive_int(100),
         "max_target_length": _positive_int(100),
     },
@@ -108,6 +110,8 @@ SCHEMA = {
         "max_positions": _positive_int(512),  # learned positions only
         "tie_embeddings": Field(bool, True),  # output projection = target embedding^T
         "normalize_first": Field(bool, True),  # pre-norm layers
+        # One embedding matrix for both sides (and the output, when tied); Transformers only.
+        "share_embeddings": Field(bool, False),
         "dropout": _rate(0.2),
     },
     "train": {
@@ -327,6 +331,21 @@ def _check_consistency(config, where):
             f"({model['decoder_units']}) equal to the encoder output size ({_memory_dim(model)})"
         )
     parse_export_formats(config["export"]["formats"], f"{where}: export.formats")
+    if data["shared_vocabulary"] and data["source_vocab_size"] != data["target_vocab_size"]:
+        raise UserError(
+            f"{where}: data.shared_vocabulary needs data.source_vocab_size "
+            f"({data['source_vocab_size']}) equal to data.target_vocab_size "
+            f"({data['target_vocab_size']}): one vocabulary has one size"
+        )
+    if model["share_embeddings"] and not data["shared_vocabulary"]:
+        raise UserError(
+            f"{where}: model.share_embeddings needs data.shared_vocabulary: true (one "
+            "vocabulary for both sides)"
+        )
+    if model["share_embeddings"] and model["type"] != "transformer":
+        raise UserError(
+            f"{where}: model.share_embeddings is implemented for model.type: transformer only"
+        )
     if train["average_checkpoints"] > train["keep_checkpoints"]:
         raise UserError(
             f"{where}: train.average_checkpoints ({train['average_checkpoints']}) exceeds "

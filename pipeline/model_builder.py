@@ -80,6 +80,7 @@ def build_transformer(config, source_vocab_size, target_vocab_size):
         max_positions=model_config["max_positions"],
         tie_embeddings=model_config["tie_embeddings"],
         normalize_first=model_config["normalize_first"],
+        share_embeddings=model_config["share_embeddings"],
         label_smoothing=config["train"]["label_smoothing"],
         pad_id=PAD_ID,
         bos_id=BOS_ID,

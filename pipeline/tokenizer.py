@@ -93,8 +93,18 @@ class Tokenizer:
         return self._tokenizer.detokenize(ids)
 
 
-def vocabulary_paths(workdir):
+SHARED_VOCABULARY = "shared.model"  # one vocabulary for both sides (data.shared_vocabulary)
+
+
+def vocabulary_paths(workdir, shared=None):
+    """The (source, target) SentencePiece models of `workdir`: `vocab/source.model` and
+    `vocab/target.model`, or `vocab/shared.model` twice for a shared vocabulary (`shared`:
+    whether it is; None: whether that file is there)."""
     vocab_dir = Path(workdir) / "vocab"
+    if shared is None:
+        shared = (vocab_dir / SHARED_VOCABULARY).exists()
+    if shared:
+        return vocab_dir / SHARED_VOCABULARY, vocab_dir / SHARED_VOCABULARY
     return vocab_dir / "source.model", vocab_dir / "target.model"
 
 
@@ -103,9 +113,10 @@ SIDES = ("source", "target")
 
 def vocabularies_to_build(workdir, data_config):
     """The sides ("source", "target") whose vocabulary is neither in `workdir` nor given."""
+    paths = vocabulary_paths(workdir, data_config["shared_vocabulary"])
     return [
         side
-        for side, path in zip(SIDES, vocabulary_paths(workdir))
+        for side, path in zip(SIDES, paths)
         if not path.exists() and not data_config[f"{side}_vocabulary"]
     ]
 
@@ -136,8 +147,12 @@ def prepare_tokenizers(workdir, data_config, samples, log=print):
     """The source and target tokenizers of `workdir`: an existing SentencePiece model the
     configuration names (copied in), or one trained on `samples[side]` (sampled raw lines) on
     first use; reused after."""
-    paths = vocabulary_paths(workdir)
+    shared = data_config["shared_vocabulary"]
+    paths = vocabulary_paths(workdir, shared)
     paths[0].parent.mkdir(parents=True, exist_ok=True)
+    if shared:
+        _prepare_shared(paths[0], data_config, samples, log)
+        return Tokenizer(paths[0]), Tokenizer(paths[1])
     for side, path in zip(SIDES, paths):
         given = data_config[f"{side}_vocabulary"]
         if given:
@@ -151,3 +166,24 @@ def prepare_tokenizers(workdir, data_config, samples, log=print):
             f"sentences: {path}")  # fmt: skip
         train_sentencepiece(_sentences(samples[side]), size, kind, path)
     return Tokenizer(paths[0]), Tokenizer(paths[1])
+
+
+def _prepare_shared(path, data_config, samples, log):
+    """The one vocabulary of both sides: given (the same model for both), reused, or trained
+    on both sides' samples together."""
+    given = {data_config[f"{side}_vocabulary"] for side in SIDES} - {None}
+    if len(given) > 1:
+        raise UserError(
+            "data.shared_vocabulary: data.source_vocabulary and data.target_vocabulary name "
+            "two different models"
+        )
+    if given:
+        _adopt(given.pop(), path, log)
+    elif path.exists():
+        log(f"Reusing the shared vocabulary {path}")
+    else:
+        size, kind = data_config["source_vocab_size"], data_config["subword_model"]
+        sentences = [*_sentences(samples["source"]), *_sentences(samples["target"])]
+        log(f"Building a {size}-piece {kind} vocabulary shared by both sides from "
+            f"{len(sentences):,} sampled sentences: {path}")  # fmt: skip
+        train_sentencepiece(sentences, size, kind, path)

@@ -99,7 +99,9 @@ def fine_tuning_config(config, init_from):
             + "; a fine-tuned model keeps the trained model's settings (dropout aside)"
         )
     config = {**config, "data": dict(config["data"])}
-    for side, path in zip(SIDES, vocabulary_paths(init_from), strict=True):
+    paths = vocabulary_paths(init_from)
+    config["data"]["shared_vocabulary"] = paths[0] == paths[1]
+    for side, path in zip(SIDES, paths, strict=True):
         given = config["data"][f"{side}_vocabulary"]
         if given and Path(given).read_bytes() != path.read_bytes():
             raise UserError(
