@@ -109,7 +109,8 @@ class AttentionDecoder(keras.layers.Layer):
 
     def build(self, target_ids_shape, memory_shape):
         batch = target_ids_shape[0]
-        self.embedding.build(target_ids_shape)
+        if not self.embedding.built:  # a shared embedding is built once
+            self.embedding.build(target_ids_shape)
         input_dim = self.embedding_dim + (self.attention_vector_size if self.input_feeding else 0)
         for layer in self.recurrent_layers:
             layer.build((batch, None, input_dim))

@@ -97,7 +97,8 @@ class RecurrentEncoder(keras.layers.Layer):
         return (per_layer,) * self.num_layers
 
     def build(self, source_ids_shape):
-        self.embedding.build(source_ids_shape)
+        if not self.embedding.built:  # a shared embedding is built once
+            self.embedding.build(source_ids_shape)
         batch, length = source_ids_shape[0], source_ids_shape[1]
         input_dim = self.embedding_dim
         for layer in self.recurrent_layers:

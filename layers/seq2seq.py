@@ -7,8 +7,13 @@ from layers.scheduled_sampling import SamplingSchedule
 from layers.state_bridge import StateBridge
 
 
-def _deserialize(obj):
-    return keras.saving.deserialize_keras_object(obj) if isinstance(obj, dict) else obj
+def _deserialize(obj, build=True):
+    """A layer from its serialised config (built, as saved, unless `build` is False)."""
+    if not isinstance(obj, dict):
+        return obj
+    if not build:
+        obj = {key: value for key, value in obj.items() if key != "build_config"}
+    return keras.saving.deserialize_keras_object(obj)
 
 
 @keras.saving.register_keras_serializable(package="seq2seq")
@@ -23,6 +28,8 @@ class Seq2Seq(EncoderDecoderModel):
         bridge: "dense", "copy" or "zero" (see `StateBridge`).
         label_smoothing: epsilon of label smoothing.
         scheduled_sampling: a `SamplingSchedule` (or its config), or None for teacher forcing.
+        share_embeddings: the decoder embeds its tokens with the encoder's embedding (the two
+            sides must then share one vocabulary and one embedding size).
         pad_id, bos_id, eos_id: ids of the special target tokens.
     """
 
@@ -33,14 +40,26 @@ class Seq2Seq(EncoderDecoderModel):
         bridge="dense",
         label_smoothing=0.0,
         scheduled_sampling=None,
+        share_embeddings=False,
         pad_id=0,
         bos_id=2,
         eos_id=3,
         **kwargs,
     ):
         super().__init__(label_smoothing, pad_id, bos_id, eos_id, **kwargs)
+        self.share_embeddings = bool(share_embeddings)
         self.encoder = _deserialize(encoder)
-        self.decoder = _deserialize(decoder)
+        # A built layer takes no new sublayer: the decoder gets the shared embedding first.
+        self.decoder = _deserialize(decoder, build=not self.share_embeddings)
+        if self.share_embeddings:
+            sizes = [(e.input_dim, e.output_dim) for e in (self.encoder.embedding,
+                                                           self.decoder.embedding)]  # fmt: skip
+            if sizes[0] != sizes[1]:
+                raise ValueError(
+                    "share_embeddings needs one vocabulary and embedding size for both sides, "
+                    f"got (vocabulary, size) {sizes[0]} and {sizes[1]}"
+                )
+            self.decoder.embedding = self.encoder.embedding
         if isinstance(scheduled_sampling, dict):
             scheduled_sampling = SamplingSchedule.from_config(scheduled_sampling)
         self.scheduled_sampling = scheduled_sampling
@@ -121,5 +140,6 @@ class Seq2Seq(EncoderDecoderModel):
             scheduled_sampling=(
                 self.scheduled_sampling.get_config() if self.scheduled_sampling else None
             ),
+            share_embeddings=self.share_embeddings,
         )
         return config

@@ -110,7 +110,7 @@ SCHEMA = {
         "max_positions": _positive_int(512),  # learned positions only
         "tie_embeddings": Field(bool, True),  # output projection = target embedding^T
         "normalize_first": Field(bool, True),  # pre-norm layers
-        # One embedding matrix for both sides (and the output, when tied); Transformers only.
+        # One embedding matrix for both sides (a Transformer's tied output projection too).
         "share_embeddings": Field(bool, False),
         "dropout": _rate(0.2),
     },
@@ -341,10 +341,6 @@ def _check_consistency(config, where):
         raise UserError(
             f"{where}: model.share_embeddings needs data.shared_vocabulary: true (one "
             "vocabulary for both sides)"
-        )
-    if model["share_embeddings"] and model["type"] != "transformer":
-        raise UserError(
-            f"{where}: model.share_embeddings is implemented for model.type: transformer only"
         )
     if train["average_checkpoints"] > train["keep_checkpoints"]:
         raise UserError(

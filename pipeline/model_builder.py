@@ -124,6 +124,7 @@ def build_recurrent(config, source_vocab_size, target_vocab_size):
         bridge=model_config["bridge"],
         label_smoothing=config["train"]["label_smoothing"],
         scheduled_sampling=sampling_schedule(config["train"]),
+        share_embeddings=model_config["share_embeddings"],
         pad_id=PAD_ID,
         bos_id=BOS_ID,
         eos_id=EOS_ID,

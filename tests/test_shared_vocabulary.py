@@ -15,13 +15,12 @@ from pipeline.search import beam_search, decode_length_limits
 from pipeline.tokenizer import PAD_ID
 from pipeline.workdir import load_trained
 
-SMOKE_TRANSFORMER = PROJECT_ROOT / "configs" / "smoke_transformer.yaml"
 
-
-@pytest.fixture(scope="module")
-def shared_workdir(tmp_path_factory):
+@pytest.fixture(scope="module", params=["smoke.yaml", "smoke_transformer.yaml"])
+def shared_workdir(tmp_path_factory, request):
     workdir = tmp_path_factory.mktemp("shared")
-    train.main(["--config", str(SMOKE_TRANSFORMER), "--workdir", str(workdir),
+    config = PROJECT_ROOT / "configs" / request.param
+    train.main(["--config", str(config), "--workdir", str(workdir),
                 "--set", "data.shared_vocabulary=true", "--set", "model.share_embeddings=true",
                 "--set", "train.bleu_every_epochs=0", "--set", "data.test_source=null",
                 "--set", "data.test_target=null", "--set", "export.after_training=true",
@@ -37,7 +36,11 @@ def test_a_shared_vocabulary_is_one_file_and_the_embeddings_one_matrix(shared_wo
     config, model, source_tokenizer, target_tokenizer = load_trained(shared_workdir)
     assert source_tokenizer.model_proto == target_tokenizer.model_proto
     embeddings = [w for w in model.weights if "embedding" in w.path]
-    assert len(embeddings) == 1 and model.source_embedding is model.target_embedding
+    if config["model"]["type"] == "transformer":
+        assert model.source_embedding is model.target_embedding
+    else:
+        assert model.encoder.embedding is model.decoder.embedding
+    assert len(embeddings) == 1
     # Trained on both sides: frequent German and English words alike are pieces of it.
     pieces = {source_tokenizer.processor.id_to_piece(i) for i in range(300)}
     assert {"▁und", "▁mit", "▁the", "▁with"} <= pieces
@@ -66,9 +69,7 @@ def test_a_shared_vocabulary_is_one_file_and_the_embeddings_one_matrix(shared_wo
     [(["model.type=transformer", "model.share_embeddings=true"],
       "model.share_embeddings needs data.shared_vocabulary"),
      (["data.shared_vocabulary=true", "data.target_vocab_size=200"],
-      "data.shared_vocabulary needs data.source_vocab_size (300) equal"),
-     (["data.shared_vocabulary=true", "model.share_embeddings=true"],
-      "model.share_embeddings is implemented for model.type: transformer only")],
+      "data.shared_vocabulary needs data.source_vocab_size (300) equal")],
 )  # fmt: skip
 def test_inconsistent_sharing_settings_are_refused(overrides, message):
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
