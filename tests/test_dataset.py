@@ -270,7 +270,8 @@ def test_nothing_of_the_corpus_size_is_held(tmp_path, tokenizer):
 
 def test_an_existing_vocabulary_is_used_instead_of_building_one(tmp_path, vocabulary):
     data = {"source_vocabulary": str(vocabulary), "target_vocabulary": None,
-            "target_vocab_size": 40, "subword_model": "unigram"}  # fmt: skip
+            "shared_vocabulary": False, "target_vocab_size": 40,
+            "subword_model": "unigram"}  # fmt: skip
     assert vocabularies_to_build(tmp_path, data) == ["target"]
     sample = [" ".join(WORDS[i : i + 4]).encode() for i in range(len(WORDS))] * 20
     source, target = prepare_tokenizers(tmp_path, data, {"target": sample}, lambda _: None)
