@@ -41,15 +41,23 @@ def decode_length_limits(source_ids, pad_id, ratio, offset, cap, max_length=0):
     return tf.clip_by_value(limits, 1, cap)
 
 
-def _limits_and_width(max_lengths, batch, prefix=None, pad_id=0):
-    """Each source's limit (`max_lengths` may be one for all), raised where needed to hold
-    its `prefix` (see `_prefix_columns`) and </s>, and the output buffers' width: the longest
-    limit (1 for an empty batch, so that buffers still have a valid shape)."""
+def _limits_width_and_prefix(max_lengths, batch, target_prefix, pad_id):
+    """Each source's limit (`max_lengths` may be one for all), raised where needed to hold its
+    prefix and </s>; the output buffers' width (the longest limit, 1 for an empty batch so that
+    buffers still have a valid shape); and `target_prefix` (int32 `[rows, len]`, right-padded)
+    as int32 `[batch, width]`: cut or padded to the batch's rows (a missing row is an empty
+    prefix) and to `width` columns, so that step t reads column t. None stays None."""
     limits = tf.broadcast_to(tf.cast(max_lengths, tf.int32), [batch])
-    if prefix is not None:
-        lengths = tf.reduce_sum(tf.cast(tf.not_equal(prefix, pad_id), tf.int32), axis=1)
-        limits = tf.maximum(limits, lengths + 1)
-    return limits, tf.reduce_max(tf.concat([limits, [1]], axis=0))
+    if target_prefix is None:
+        return limits, tf.reduce_max(tf.concat([limits, [1]], axis=0)), None
+    prefix = tf.convert_to_tensor(target_prefix, tf.int32)[:batch]
+    prefix = tf.pad(prefix, [[0, batch - tf.shape(prefix)[0]], [0, 0]], constant_values=pad_id)
+    lengths = tf.reduce_sum(tf.cast(tf.not_equal(prefix, pad_id), tf.int32), axis=1)
+    limits = tf.maximum(limits, lengths + 1)
+    width = tf.reduce_max(tf.concat([limits, [1]], axis=0))
+    columns = tf.shape(prefix)[1]
+    prefix = tf.pad(prefix, [[0, 0], [0, tf.maximum(width - columns, 0)]], constant_values=pad_id)
+    return limits, width, prefix[:, :width]
 
 
 def _suppress_eos(log_probs, eos_id, t, min_length):
@@ -61,67 +69,72 @@ def _suppress_eos(log_probs, eos_id, t, min_length):
     return log_probs + tf.where(tf.logical_and(is_eos, t < min_length), NEG_INF, 0.0)
 
 
-def _block_repeated_ngrams(logits, ids, t, size):
-    """Forbids each token that would complete an n-gram (n = `size`) its hypothesis already
-    holds, as fairseq's and CTranslate2's `no_repeat_ngram_size` do; 0 forbids nothing.
+class NgramBlocking(NamedTuple):
+    """`no_repeat_ngram_size` and what follows from it, computed once, outside the loops
+    (every node of a loop's body costs at each step in ONNX Runtime)."""
+
+    size: tf.Tensor  # int32 []: n (0: off)
+    # int32 []: an n-gram's start lags the next token by this much (n - 1; huge for n = 0, so
+    # that no n-gram is ever complete)
+    lag: tf.Tensor
+    context: tf.Tensor  # int32 []: max(n - 1, 1), the tokens compared before the next one
+    offsets: tf.Tensor  # int32 [context]: 0, 1, ..., context - 1
+    # bool [context]: the offsets that match whatever they compare: for n = 1 the one offset
+    # there is (ONNX Runtime mishandles reductions over an empty axis)
+    wildcard: tf.Tensor
+
+
+def ngram_blocking(size):
+    """None for a Python 0 (no work at all); else the `NgramBlocking` of `size` (an int, or
+    an int32 scalar tensor: a runtime input of the exports, applied at every step without a
+    branch, since a conditional or a loop nested in the search loops makes ONNX Runtime fail
+    with "Loop subgraph input has unknown shape")."""
+    if isinstance(size, int) and size == 0:
+        return None
+    size = tf.convert_to_tensor(size, tf.int32)
+    context = tf.maximum(size - 1, 1)
+    offsets = tf.range(context)
+    lag = tf.where(size > 0, size - 1, tf.int32.max // 2)
+    return NgramBlocking(size, lag, context, offsets, offsets >= size - 1)
+
+
+def _block_repeated_ngrams(logits, ids, t, blocking):
+    """Forbids each token that would complete an n-gram its hypothesis already holds, as
+    fairseq's and CTranslate2's `no_repeat_ngram_size` do. The work is on the n-grams written
+    so far and one scatter into `logits`: no pass over `[rows, vocab]`.
 
     Args:
         logits: float32 `[rows, vocab]`, the next token's.
         ids: int32 `[rows, width]`: each row's `t` tokens so far, then padding.
         t: scalar int32, the tokens written so far.
-        size: int, or an int32 scalar tensor (a runtime input of the exports). A tensor is
-            applied at every step, without a branch: a conditional or a loop nested in the
-            search loops makes ONNX Runtime fail ("Loop subgraph input has unknown shape").
+        blocking: an `NgramBlocking`, or None (nothing forbidden).
     """
-    if isinstance(size, int) and size == 0:
-        return logits  # nothing to forbid: no work at all
-    size = tf.convert_to_tensor(size, tf.int32)
-    rows, width, vocab = tf.shape(ids)[0], tf.shape(ids)[1], tf.shape(logits)[1]
-    starts = tf.range(width)  # where an earlier n-gram starts
-    # Its first n-1 tokens against the last n-1, at offsets 0..n-2 in one gather. For n = 1 one
-    # offset that always matches: ONNX Runtime mishandles reductions over an empty axis.
-    offsets = tf.range(tf.maximum(size - 1, 1))
-    earlier = tf.gather(ids, tf.minimum(starts[:, None] + offsets, width - 1), axis=1)
-    latest = tf.gather(ids, tf.clip_by_value(t - size + 1 + offsets, 0, width - 1), axis=1)
-    same = tf.logical_or(tf.equal(earlier, latest[:, None, :]), offsets >= size - 1)
-    # ... and its n-gram complete before position t (none is while t < n, or for n = 0).
-    complete = tf.logical_and(starts + size - 1 < t, tf.logical_and(size > 0, t >= size))
-    repeats = tf.logical_and(tf.reduce_all(same, axis=2), complete[None, :])
-    following = tf.gather(ids, tf.clip_by_value(starts + size - 1, 0, width - 1), axis=1)
-    banned = tf.where(repeats, following, vocab)  # the others go to a spare column
-    row = tf.tile(tf.range(rows)[:, None], [1, width])
-    bias = tf.tensor_scatter_nd_update(
-        tf.zeros([rows, vocab + 1]),
-        tf.reshape(tf.stack([row, banned], axis=-1), [-1, 2]),
-        tf.fill([rows * width], NEG_INF),
-    )
-    return logits + bias[:, :vocab]
+    if blocking is None:
+        return logits
+    # The earlier n-grams' starts: those complete before position t (none while t < n, or
+    # for n = 0). Every index below is then within [0, t).
+    starts = tf.range(tf.maximum(t - blocking.lag, 0))
+    earlier = tf.gather(ids, tf.expand_dims(starts, 1) + blocking.offsets, axis=1)
+    latest = tf.gather(ids, tf.maximum(t - blocking.context + blocking.offsets, 0), axis=1)
+    same = tf.logical_or(tf.equal(earlier, tf.expand_dims(latest, 1)), blocking.wildcard)
+    repeats = tf.where(tf.reduce_all(same, axis=2))  # int64 [repeats, 2]: (row, start)
+    following = tf.gather_nd(tf.gather(ids, starts + blocking.lag, axis=1), repeats)
+    banned = tf.stack([repeats[:, 0], tf.cast(following, tf.int64)], axis=1)
+    # Every update is NEG_INF, so a token banned twice is no conflict.
+    return tf.tensor_scatter_nd_update(logits, banned, tf.fill(tf.shape(following), NEG_INF))
 
 
-def _prefix_columns(target_prefix, batch, pad_id):
-    """`target_prefix` (int32 `[rows, len]`, right-padded) as `[batch, len + 1]`: cut or padded
-    to the batch's rows (a missing row is an empty prefix) and ending in a padding column, so
-    that a step past every prefix reads padding. None stays None."""
-    if target_prefix is None:
-        return None
-    prefix = tf.convert_to_tensor(target_prefix, tf.int32)[:batch]
-    return tf.pad(prefix, [[0, batch - tf.shape(prefix)[0]], [0, 1]], constant_values=pad_id)
-
-
-def _forced_tokens(prefix, t):
-    """int32 `[rows]`: each row's prefix token at step `t` (padding once its prefix is over)."""
-    return tf.gather(prefix, tf.minimum(t, tf.shape(prefix)[1] - 1), axis=1)
-
-
-def _force(logits, forced, pad_id):
-    """Leaves only the forced token possible on the rows that have one. A forced token the
-    model (or a constraint) deems impossible stays possible, at a score of NEG_INF / 4, so
-    that its hypothesis is still extended."""
-    vocab = tf.range(tf.shape(logits)[1])
-    forcing = tf.not_equal(forced, pad_id)[:, None]
-    is_forced = tf.logical_and(forcing, tf.equal(vocab[None, :], forced[:, None]))
-    logits = tf.where(is_forced, tf.maximum(logits, NEG_INF / 4), logits)
-    return tf.where(tf.logical_and(forcing, tf.logical_not(is_forced)), NEG_INF, logits)
+def _force(beam_logits, beam_tokens, per_row, logits, forced, pad_id):
+    """Makes the forced token the only candidate of the rows that have one, after the per-row
+    top-k (`beam_logits`, `beam_tokens`: `[rows, per_row]`), so that forcing costs no pass over
+    `logits` (`[rows, vocab]`): the row's first candidate becomes it, the others impossible.
+    A forced token the model (or a constraint) deems impossible stays possible, at a score of
+    NEG_INF / 4, so that its hypothesis is extended."""
+    forcing = tf.expand_dims(tf.not_equal(forced, pad_id), 1)
+    forced_logit = tf.maximum(tf.gather(logits, forced, batch_dims=1), NEG_INF / 4)
+    only_first = tf.where(tf.equal(tf.range(per_row), 0), 0.0, NEG_INF)
+    beam_logits = tf.where(forcing, tf.expand_dims(forced_logit, 1) + only_first, beam_logits)
+    return beam_logits, tf.where(forcing, tf.expand_dims(forced, 1), beam_tokens)
 
 
 def _sequential_search(
@@ -130,8 +143,10 @@ def _sequential_search(
     """Picks one token per step with `choose(log_probs, logits, t)`, or the sentence's prefix
     token while it has one; a source is finished at </s> or at its limit."""
     batch = tf.shape(source_ids)[0]
-    prefix = _prefix_columns(target_prefix, batch, model.pad_id)
-    limits, width = _limits_and_width(max_lengths, batch, prefix, model.pad_id)
+    limits, width, prefix = _limits_width_and_prefix(
+        max_lengths, batch, target_prefix, model.pad_id
+    )
+    blocking = ngram_blocking(no_repeat)
     encoded = model.encode(source_ids)
     state = model.initial_decoder_state(encoded, width)
     ids = tf.fill([batch, width], tf.constant(model.pad_id, tf.int32))
@@ -146,11 +161,11 @@ def _sequential_search(
     def step(t, tokens, state, ids, attention, finished, scores):
         logits, state, weights = model.decode_step(tokens, state, encoded, t)
         logits = _suppress_eos(tf.cast(logits, tf.float32), model.eos_id, t, min_length)
-        logits = _block_repeated_ngrams(logits, ids, t, no_repeat)
+        logits = _block_repeated_ngrams(logits, ids, t, blocking)
         log_probs = tf.nn.log_softmax(logits)
         chosen = choose(log_probs, logits, t)
         if prefix is not None:
-            forced = _forced_tokens(prefix, t)
+            forced = tf.gather(prefix, t, axis=1)
             chosen = tf.where(tf.not_equal(forced, model.pad_id), forced, chosen)
         tokens = tf.where(finished, model.pad_id, chosen)
         chosen_log_prob = tf.gather(log_probs, chosen, batch_dims=1)
@@ -307,8 +322,8 @@ class Sources(NamedTuple):
     index: tf.Tensor  # int32 [n]: the source's row in the caller's batch
     limit: tf.Tensor  # int32 [n]: the most tokens its hypotheses may have
     mask: tf.Tensor  # bool [n, 1, src_len]: its real (non-padding) positions
-    # int32 [n, len + 1]: the tokens its hypotheses start with, then padding; or () for none
-    # (an empty nest: loops carry it, where they cannot carry None).
+    # int32 [n, k, width]: the tokens each of its hypotheses starts with, then padding; or ()
+    # for none (an empty nest: loops carry it, where they cannot carry None).
     prefix: Any
     encoded: Any  # the model's encoding: a nest of [n, ...] tensors, shared by the k beams
 
@@ -377,7 +392,7 @@ def _initial_state(model, source_ids, limits, width, beam_size, prefix):
         index=tf.range(batch),
         limit=limits,
         mask=tf.not_equal(source_ids, model.pad_id)[:, None, :],
-        prefix=() if prefix is None else prefix,
+        prefix=() if prefix is None else tf.tile(prefix[:, None, :], [1, beam_size, 1]),
         encoded=encoded,
     )
     # Each hypothesis has its own copy of the decoder state.
@@ -401,7 +416,7 @@ def _initial_state(model, source_ids, limits, width, beam_size, prefix):
     return BeamState(tf.constant(0), tokens, decoder, alive, finished), sources
 
 
-def _expand(model, state, sources, beam_size, min_length, no_repeat):
+def _expand(model, state, sources, beam_size, min_length, blocking):
     """Runs the decoder one step and ranks the extensions of every alive hypothesis.
 
     Returns the 2k best candidates of each source, the alive hypotheses with this step's
@@ -412,17 +427,17 @@ def _expand(model, state, sources, beam_size, min_length, no_repeat):
     t, alive = state.t, state.alive
     logits, decoder, weights = model.decode_step(state.tokens, state.decoder, sources.encoded, t)
     logits = _suppress_eos(tf.cast(logits, tf.float32), model.eos_id, t, min_length)
-    logits = _block_repeated_ngrams(
-        logits, tf.reshape(alive.ids, [n * beam_size, -1]), t, no_repeat
-    )
+    logits = _block_repeated_ngrams(logits, tf.reshape(alive.ids, [n * beam_size, -1]), t, blocking)
     normaliser = tf.reduce_logsumexp(logits, axis=-1, keepdims=True)
-    if isinstance(sources.prefix, tf.Tensor):  # a forced token keeps its log-probability
-        forced = tf.repeat(_forced_tokens(sources.prefix, t), beam_size)
-        logits = _force(logits, forced, model.pad_id)
     # A source's best 2k candidates are among each beam's 2k likeliest tokens: rank those
     # alone, normalised as logit - logsumexp, rather than [n, k * vocab] log-probabilities.
     per_beam = tf.minimum(2 * beam_size, model.target_vocab_size)
     beam_logits, beam_tokens = tf.math.top_k(logits, k=per_beam)
+    if isinstance(sources.prefix, tf.Tensor):  # a forced token keeps its log-probability
+        forced = tf.reshape(tf.gather(sources.prefix, t, axis=2), [-1])
+        beam_logits, beam_tokens = _force(
+            beam_logits, beam_tokens, per_beam, logits, forced, model.pad_id
+        )
     beam_log_probs = beam_logits - normaliser
     beam_log_probs = tf.reshape(beam_log_probs, [n, beam_size, per_beam])
     totals = tf.reshape(alive.log_probs[:, :, None] + beam_log_probs, [n, -1])
@@ -480,8 +495,8 @@ def _keep_alive(candidates, alive, decoder, beam_size):
     return alive, tokens, decoder
 
 
-def _step(model, state, sources, beam_size, min_length, no_repeat, ranking):
-    candidates, alive, decoder = _expand(model, state, sources, beam_size, min_length, no_repeat)
+def _step(model, state, sources, beam_size, min_length, blocking, ranking):
+    candidates, alive, decoder = _expand(model, state, sources, beam_size, min_length, blocking)
     finished = _save_finished(
         state.finished, candidates, alive, state.t, sources, beam_size, ranking
     )
@@ -591,9 +606,6 @@ def beam_search(
         alpha, penalty: the length penalty (see `length_penalty`).
         beta: the weight of the coverage penalty (0 for none).
         min_length: </s> is forbidden before this many tokens.
-        no_repeat_ngram_size: no n-gram of this size appears twice in a hypothesis (0: off).
-        target_prefix: as for `greedy_search`: every hypothesis of a source starts with its
-            row's tokens.
         no_repeat_ngram_size: no n-gram of this size appears twice in an output (0: off).
         target_prefix: int32 `[batch, len]`, right-padded, or None: each output starts with
             its row's tokens (scored as the model scores them); a limit too short for its
@@ -611,8 +623,10 @@ def beam_search(
         tf.convert_to_tensor(alpha, tf.float32), penalty, tf.convert_to_tensor(beta, tf.float32)
     )
     batch, src_len = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
-    prefix = _prefix_columns(target_prefix, batch, model.pad_id)
-    limits, width = _limits_and_width(max_lengths, batch, prefix, model.pad_id)
+    limits, width, prefix = _limits_width_and_prefix(
+        max_lengths, batch, target_prefix, model.pad_id
+    )
+    blocking = ngram_blocking(no_repeat_ngram_size)
     state, sources = _initial_state(model, source_ids, limits, width, beam_size, prefix)
     results = NBest(
         ids=tf.fill([batch, n_best, width], tf.constant(model.pad_id, tf.int32)),
@@ -625,9 +639,7 @@ def beam_search(
         # The sources are constants of the inner loop: its ONNX Loop carries only the state.
         state = tf.while_loop(
             lambda state: tf.logical_not(tf.reduce_any(_is_done(state, sources))),
-            lambda state: (
-                _step(model, state, sources, beam_size, min_length, no_repeat_ngram_size, ranking),
-            ),
+            lambda state: (_step(model, state, sources, beam_size, min_length, blocking, ranking),),
             (state,),
             shape_invariants=(_any_shape(state),),
         )[0]

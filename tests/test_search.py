@@ -15,6 +15,7 @@ from pipeline.search import (
     decode_length_limits,
     greedy_search,
     length_penalty,
+    ngram_blocking,
     sampling_search,
 )
 
@@ -167,7 +168,7 @@ def test_no_repeat_ngram_blocking_forbids_exactly_the_repeating_tokens(rng, as_t
             written = np.where(np.arange(width) < t, ids, PAD).astype(np.int32)
             blocked = _block_repeated_ngrams(
                 tf.zeros([20, vocab]), tf.constant(written), tf.constant(t),
-                tf.constant(size) if as_tensor else size,
+                ngram_blocking(tf.constant(size) if as_tensor else size),
             ).numpy()  # fmt: skip
             for row in range(20):
                 expected = banned_by_brute_force(written[row], t, size)
