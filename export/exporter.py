@@ -16,6 +16,7 @@ import tensorflow as tf
 from export.onnx_model import write_onnx
 from export.serving_check import read_meta_graph, unsupported_ops
 from export.serving_graph import TranslationGraph
+from export.signature import METADATA_FILE
 from pipeline.config import EXPORT_FORMATS
 from pipeline.errors import UserError
 from pipeline.tokenizer import vocabulary_paths
@@ -55,7 +56,8 @@ def export_onnx(graph, workdir, output, opset, int8=True, log=print):
         target, lambda tmp: write_onnx(graph, tmp, vocabulary_paths(workdir), opset, int8)
     )
     also = " and model.int8.onnx" if int8 else ""
-    log(f"ONNX: {target / 'model.onnx'}{also} (opset {opset}), with vocabularies and model.json")
+    files = f"vocabularies and {METADATA_FILE}"
+    log(f"ONNX: {target / 'model.onnx'}{also} (opset {opset}), with {files}")
     return target
 
 

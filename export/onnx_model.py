@@ -17,12 +17,11 @@ import onnx
 import tf2onnx
 
 from export.onnx_rewrites import optimise_loops
-from export.signature import SEARCH_OPTIONS, TARGET_PREFIX
+from export.signature import METADATA_FILE, SEARCH_OPTIONS, TARGET_PREFIX
 from pipeline.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 MODEL_FILE = "model.onnx"
 INT8_MODEL_FILE = "model.int8.onnx"
-METADATA_FILE = "model.json"
 FORMAT_VERSION = 1
 
 

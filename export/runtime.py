@@ -19,9 +19,7 @@ import numpy as np
 import onnxruntime
 import sentencepiece
 
-from export.signature import SOURCE_IDS, TARGET_PREFIX, option_dtypes
-
-METADATA_FILE = "model.json"
+from export.signature import METADATA_FILE, SOURCE_IDS, TARGET_PREFIX, option_dtypes
 
 
 def _find_export(path):

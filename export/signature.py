@@ -23,6 +23,8 @@ SOURCE_IDS = "source_ids"  # int32 [batch, src_len], right-padded with 0
 TARGET_PREFIX = "target_prefix"
 SEARCH_OUTPUTS = ("ids", "lengths", "scores", "attention")
 MAX_BEAM_SIZE = 64  # a larger requested beam is clipped to it
+# The ONNX export's description (model files, vocabularies, inputs, special ids), beside it.
+METADATA_FILE = "model.json"
 
 
 @dataclasses.dataclass(frozen=True)

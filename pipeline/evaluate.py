@@ -48,13 +48,7 @@ def main(argv=None):
     from tqdm import tqdm
 
     from pipeline.atomic_files import write_text_atomically
-    from pipeline.dataset import (
-        batching_options,
-        encode_corpus,
-        make_dataset,
-        with_known_length,
-    )
-    from pipeline.evaluation import score_translations
+    from pipeline.evaluation import corpus_perplexity, score_translations
     from pipeline.translation import SearchOptions, Translator
     from pipeline.workdir import load_trained
 
@@ -71,15 +65,13 @@ def main(argv=None):
         hypotheses = translator.translate_best(corpus.sources, progress=bar.update)
     report = score_translations(hypotheses, corpus.targets)
 
-    # Perplexity, teacher-forced, over the pairs within the training length limits.
-    encoded = encode_corpus(corpus, source_tokenizer, target_tokenizer, config["data"], name,
-                            log=lambda message: print(message, file=sys.stderr))  # fmt: skip
-    if len(encoded):
-        batches = with_known_length(make_dataset(encoded, **batching_options(config)))
-        model.compile()
-        metrics = model.evaluate(batches, verbose=0, return_dict=True)
-        report["perplexity"] = round(float(metrics["perplexity"]), 3)
-        report["perplexity_pairs"] = len(encoded)
+    perplexity = corpus_perplexity(
+        model, corpus, source_tokenizer, target_tokenizer, config, name,
+        log=lambda message: print(message, file=sys.stderr),
+    )  # fmt: skip
+    if perplexity is not None:
+        report["perplexity"] = round(perplexity[0], 3)
+        report["perplexity_pairs"] = perplexity[1]
     report["search"] = {"beam_size": options.beam_size, "length_penalty": options.length_penalty}
     text = json.dumps(report, indent=2) + "\n"
     write_text_atomically(args.workdir / f"eval_{name}.json", text)

@@ -1,4 +1,4 @@
-"""Translation quality with sacreBLEU: BLEU and chrF, with their signatures."""
+"""Translation quality: BLEU and chrF with sacreBLEU (with their signatures), and perplexity."""
 
 import sacrebleu
 
@@ -18,3 +18,22 @@ def score_translations(hypotheses, references):
         "chrf_signature": str(chrf.get_signature()),
         "sentences": len(hypotheses),
     }
+
+
+def corpus_perplexity(model, corpus, source_tokenizer, target_tokenizer, config, name, log=print):
+    """The model's teacher-forced perplexity on `corpus` (a `pipeline.corpus` split named
+    `name`), over its pairs within the training length limits, batched as in training.
+
+    Returns (perplexity, pairs), or None when no pair is within the limits.
+    """
+    from pipeline.dataset import batching_options, encode_corpus, make_dataset, with_known_length
+
+    encoded = encode_corpus(
+        corpus, source_tokenizer, target_tokenizer, config["data"], name, log=log
+    )
+    if not len(encoded):
+        return None
+    batches = with_known_length(make_dataset(encoded, **batching_options(config)))
+    model.compile()
+    metrics = model.evaluate(batches, verbose=0, return_dict=True)
+    return float(metrics["perplexity"]), len(encoded)
