@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -167,6 +168,9 @@ def median_windows(figures):
 
 
 def speed_round(root, config_path, vocabularies, steps, index):
+    # From scratch on both sides: a work directory left by an earlier run would be resumed.
+    for side in ("peer", "ours"):
+        shutil.rmtree(root / "speed" / f"{side}_{index}", ignore_errors=True)
     peer_windows, _ = train_peer(root / "speed" / f"peer_{index}", steps)
     peer_step = median_windows([w["seconds"] / w["steps"] for w in peer_windows])
     peer_tokens = median_windows([w["tgt_tok_per_s"] for w in peer_windows])
