@@ -24,13 +24,23 @@ class MultiHeadCrossAttention(SourceAttention):
         value_dim: size of each head's value projection; defaults to `key_dim`.
         output_dim: size of the context vector; defaults to the memory's size.
         use_bias: biases in the projections.
+        qk_norm: layer-normalise each head's projected queries and keys before the product
+            (see `ScaledDotProductAttention`; one gain per feature of a head, shared by the
+            heads).
 
     Shapes: see `SourceAttention`. `weights` are averaged over the heads, so they remain a
     distribution over the unmasked source positions (each head's weights are one).
     """
 
     def __init__(
-        self, num_heads, key_dim, value_dim=None, output_dim=None, use_bias=True, **kwargs
+        self,
+        num_heads,
+        key_dim,
+        value_dim=None,
+        output_dim=None,
+        use_bias=True,
+        qk_norm=False,
+        **kwargs,
     ):
         super().__init__(**kwargs)
         self.num_heads = int(num_heads)
@@ -38,6 +48,7 @@ class MultiHeadCrossAttention(SourceAttention):
         self.value_dim_per_head = int(value_dim or key_dim)
         self.output_dim = None if output_dim is None else int(output_dim)
         self.use_bias = bool(use_bias)
+        self.qk_norm = bool(qk_norm)
 
     def build(self, query_shape, memory_shape, memory_mask_shape=None):
         heads_keys = self.num_heads * self.key_dim
@@ -54,6 +65,11 @@ class MultiHeadCrossAttention(SourceAttention):
         self.key_projection.build(memory_shape)
         self.value_projection.build(memory_shape)
         self.output_projection.build(tuple(query_shape[:-1]) + (heads_values,))
+        if self.qk_norm:
+            self.query_norm = keras.layers.LayerNormalization(center=False, name="query_norm")
+            self.key_norm = keras.layers.LayerNormalization(center=False, name="key_norm")
+            self.query_norm.build((None, self.key_dim))
+            self.key_norm.build((None, self.key_dim))
 
     def value_dim(self, memory_dim):
         return self.output_dim or memory_dim
@@ -67,6 +83,8 @@ class MultiHeadCrossAttention(SourceAttention):
         # Keys as [batch, heads, depth, src_len] and values as [batch, heads, src_len, depth]:
         # each decoding step then needs plain batched matmuls, with no transpose of the cache.
         keys = self._split_heads(self.key_projection(memory), self.key_dim)
+        if self.qk_norm:
+            keys = self.key_norm(keys)
         values = self._split_heads(self.value_projection(memory), self.value_dim_per_head)
         return (ops.transpose(keys, (0, 2, 3, 1)), ops.transpose(values, (0, 2, 1, 3)))
 
@@ -87,6 +105,8 @@ class MultiHeadCrossAttention(SourceAttention):
             else:
                 q = self._split_heads(projected, self.key_dim)
             q = ops.transpose(q, (0, 2, 1, 3))  # [batch, heads, tgt_len, depth]
+        if self.qk_norm:
+            q = self.query_norm(q)
         scores = ops.matmul(q, ops.cast(keys, q.dtype)) / math.sqrt(self.key_dim)
         head_weights = masked_softmax(scores, memory_mask)
         heads = ops.matmul(head_weights, ops.cast(values, q.dtype))
@@ -107,5 +127,6 @@ class MultiHeadCrossAttention(SourceAttention):
             value_dim=self.value_dim_per_head,
             output_dim=self.output_dim,
             use_bias=self.use_bias,
+            qk_norm=self.qk_norm,
         )
         return config

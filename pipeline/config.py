@@ -99,6 +99,7 @@ SCHEMA = {
         "attention_heads": _positive_int(4),
         "attention_normalize": Field(bool, False),
         "attention_scale": Field(bool, False),
+        "attention_qk_norm": Field(bool, False),  # scaled_dot and multi_head
         "input_feeding": Field(bool, False),
         "attention_vector_size": _positive_int(None, nullable=True),
         "bridge": Field(str, "dense", choices=("dense", "copy", "zero")),

@@ -19,9 +19,13 @@ def build_attention(model_config):
             name.removeprefix("luong_"), scale=model_config["attention_scale"], units=units
         )
     if name == "scaled_dot":
-        return layers.ScaledDotProductAttention(projection_dim=units, project_values=True)
+        return layers.ScaledDotProductAttention(
+            projection_dim=units, project_values=True, qk_norm=model_config["attention_qk_norm"]
+        )
     heads = model_config["attention_heads"]
-    return layers.MultiHeadCrossAttention(heads, key_dim=max(1, units // heads))
+    return layers.MultiHeadCrossAttention(
+        heads, key_dim=max(1, units // heads), qk_norm=model_config["attention_qk_norm"]
+    )
 
 
 def sampling_schedule(train_config):

@@ -21,6 +21,9 @@ FACTORIES = {
     "scaled_dot": lambda: layers.ScaledDotProductAttention(),
     "scaled_dot_projected": lambda: layers.ScaledDotProductAttention(4, project_values=True),
     "multi_head": lambda: layers.MultiHeadCrossAttention(num_heads=2, key_dim=4),
+    "scaled_dot_qk_norm": lambda: layers.ScaledDotProductAttention(4, qk_norm=True),
+    "multi_head_qk_norm": lambda: layers.MultiHeadCrossAttention(2, 4, qk_norm=True),
+    "multi_head_one_qk_norm": lambda: layers.MultiHeadCrossAttention(1, 4, qk_norm=True),
 }
 MASK = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], bool)
 
@@ -212,6 +215,36 @@ def test_multi_head_weights_average_the_heads(inputs):
     np.testing.assert_allclose(weights, _softmax(scores).mean(1), atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: layers.ScaledDotProductAttention(4, qk_norm=True),
+        lambda: layers.MultiHeadCrossAttention(2, 4, use_bias=False, qk_norm=True),
+    ],
+    ids=["scaled_dot", "multi_head"],
+)
+def test_qk_norm_scores_are_normalised_projections(make, inputs):
+    """score = LN(W_q q) . LN(W_k k) / sqrt(d): blind to the scale of queries and keys (up to
+    LayerNorm's epsilon), each normalised projection of mean 0 and variance 1 (gains at 1)."""
+    memory, step_query, _ = inputs
+    attention = make()
+    _, weights = attention(step_query, memory, memory_mask=MASK)
+    # Far from LayerNorm's epsilon (1e-3 of the variance), the scale changes nothing.
+    _, larger = attention(5.0 * step_query, 5.0 * memory, memory_mask=MASK)
+    _, largest = attention(50.0 * step_query, 20.0 * memory, memory_mask=MASK)
+    np.testing.assert_allclose(largest, larger, atol=1e-4)
+
+    def normalised(x):  # per head (a trailing axis of 4)
+        x = x.reshape(*x.shape[:-1], -1, 4)
+        return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-3)
+
+    q = normalised(step_query @ attention.query_projection.kernel.numpy())
+    k = normalised(memory @ attention.key_projection.kernel.numpy())
+    scores = np.einsum("bhd,bshd->bhs", q, k) / 2.0
+    expected = _softmax(np.where(MASK[:, None, :], scores, -np.inf)).mean(1)
+    np.testing.assert_allclose(weights, expected, atol=1e-5)
+
+
 def test_luong_scale_multiplies_the_score(inputs):
     memory, step_query, _ = inputs
     attention = layers.LuongAttention("dot", scale=True)
@@ -240,6 +273,8 @@ def test_bad_arguments_are_refused(inputs):
         layers.LuongAttention("dot")(np.zeros((3, 4), "float32"), memory)
     with pytest.raises(ValueError, match="projection_dim"):
         layers.ScaledDotProductAttention()(np.zeros((3, 4), "float32"), memory)
+    with pytest.raises(ValueError, match="qk_norm=True"):
+        layers.ScaledDotProductAttention(qk_norm=True)
 
 
 # Attention of the default recipe's model at initialisation, on the activations its own
