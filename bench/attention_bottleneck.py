@@ -10,7 +10,7 @@ to align position by position.
 Three models with the same encoder, decoder, optimizer and number of steps are trained on the
 same data: no attention (the baseline), Bahdanau attention and Luong "general" attention.
 Each is scored on a held-out test set, teacher-forced (model.evaluate) and greedy-decoded
-(the step-by-step decoding contract of `Seq2Seq`).
+(the step-by-step decoding contract of `RecurrentSeq2Seq`).
 
     python bench/attention_bottleneck.py --quick          # a fast look, not recorded
     python bench/attention_bottleneck.py --record bench/RESULTS.md
@@ -142,7 +142,7 @@ def build_model(attention_kind, vocab_size, args):
     decoder = layers.AttentionDecoder(
         vocab_size, args.embedding_dim, args.units, attention=attention, input_feeding=False
     )
-    model = layers.Seq2Seq(encoder, decoder, bridge="dense")
+    model = layers.RecurrentSeq2Seq(encoder, decoder, bridge="dense")
     # Gradient clipping: the usual guard against exploding gradients through 30-step LSTMs.
     model.compile(optimizer=keras.optimizers.Adam(args.learning_rate, clipnorm=1.0))
     return model

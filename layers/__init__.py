@@ -1,5 +1,7 @@
 """Keras layers of the attentional encoder-decoder."""
 
+import warnings
+
 from layers.attention_decoder import AttentionDecoder
 from layers.bahdanau_attention import BahdanauAttention
 from layers.causal_self_attention import CausalSelfAttention
@@ -7,9 +9,9 @@ from layers.encoder_decoder_model import EncoderDecoderModel
 from layers.luong_attention import LuongAttention
 from layers.multi_head_cross_attention import MultiHeadCrossAttention
 from layers.recurrent_encoder import RecurrentEncoder
+from layers.recurrent_seq2seq import RecurrentSeq2Seq
 from layers.scaled_dot_product_attention import ScaledDotProductAttention
 from layers.scheduled_sampling import SamplingSchedule
-from layers.seq2seq import Seq2Seq
 from layers.source_attention import SourceAttention
 from layers.state_bridge import StateBridge
 from layers.transformer import Transformer
@@ -23,11 +25,20 @@ __all__ = [
     "LuongAttention",
     "MultiHeadCrossAttention",
     "RecurrentEncoder",
+    "RecurrentSeq2Seq",
     "SamplingSchedule",
     "ScaledDotProductAttention",
-    "Seq2Seq",
     "SourceAttention",
     "StateBridge",
     "Transformer",
     "TransformerDecoderLayer",
 ]
+
+
+def __getattr__(name):
+    if name == "Seq2Seq":  # the recurrent model's name before RecurrentSeq2Seq
+        warnings.warn(
+            "layers.Seq2Seq is deprecated: use layers.RecurrentSeq2Seq", DeprecationWarning, 2
+        )
+        return RecurrentSeq2Seq
+    raise AttributeError(f"module 'layers' has no attribute {name!r}")

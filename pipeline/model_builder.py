@@ -122,7 +122,7 @@ def build_recurrent(config, source_vocab_size, target_vocab_size):
         residual=model_config["residual"],
         name="decoder",
     )
-    return layers.Seq2Seq(
+    return layers.RecurrentSeq2Seq(
         encoder,
         decoder,
         bridge=model_config["bridge"],

@@ -15,7 +15,7 @@ PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
 
 def reversal_data(rng, n, vocab_size=20, max_len=8):
-    """Random token sequences and their reversals, in the Seq2Seq input format."""
+    """Random token sequences and their reversals, in the RecurrentSeq2Seq input format."""
     source = np.zeros((n, max_len), np.int32)
     target_in = np.zeros((n, max_len + 1), np.int32)
     target_out = np.zeros((n, max_len + 1), np.int32)

@@ -49,7 +49,7 @@ def test_public_names():
         "MultiHeadCrossAttention",
         "RecurrentEncoder",
         "AttentionDecoder",
-        "Seq2Seq",
+        "RecurrentSeq2Seq",
     ]:
         assert hasattr(layers, name)
 

@@ -23,7 +23,7 @@ PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
 
 class TableModel:
-    """A stand-in for Seq2Seq whose next-token distribution depends only on the previous
+    """A stand-in for RecurrentSeq2Seq whose next-token distribution depends only on the previous
     token: `table[previous]` are probabilities over the vocabulary. Its attention at step t
     looks at source position t (clipped), so coverage is predictable."""
 
@@ -336,7 +336,7 @@ def trained_model():
     decoder = layers.AttentionDecoder(
         20, 16, 32, attention=layers.BahdanauAttention(16), input_feeding=True
     )
-    model = layers.Seq2Seq(encoder, decoder)
+    model = layers.RecurrentSeq2Seq(encoder, decoder)
     model.compile(optimizer="adam")
     model.fit(x, y, batch_size=64, epochs=2, verbose=0)
     return model, reversal_data(rng, 12, 20)[0]["source_ids"]

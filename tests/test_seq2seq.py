@@ -1,6 +1,7 @@
-"""Seq2Seq: learning, the decoding contract, batch independence, saving and loading."""
+"""RecurrentSeq2Seq: learning, the decoding contract, batch independence, saving and loading."""
 
 import json
+import zipfile
 
 import keras
 import numpy as np
@@ -27,7 +28,7 @@ def make_model(attention="bahdanau", input_feeding=False, units=32, **kwargs):
     decoder = layers.AttentionDecoder(
         VOCAB, 16, units, attention=attention_layer, input_feeding=input_feeding
     )
-    return layers.Seq2Seq(encoder, decoder, **kwargs)
+    return layers.RecurrentSeq2Seq(encoder, decoder, **kwargs)
 
 
 @pytest.mark.parametrize("attention,input_feeding", [("bahdanau", False), ("luong_general", True)])
@@ -117,7 +118,7 @@ def test_save_and_load(tmp_path, rng, attention):
     path = tmp_path / "model.keras"
     model.save(path)
     loaded = keras.saving.load_model(path)  # safe_mode stays on
-    assert type(loaded) is layers.Seq2Seq
+    assert type(loaded) is layers.RecurrentSeq2Seq
     # JSON is what a .keras file keeps: tuples come back as lists.
     assert json.dumps(loaded.get_config(), sort_keys=True) == json.dumps(
         model.get_config(), sort_keys=True
@@ -128,6 +129,31 @@ def test_save_and_load(tmp_path, rng, attention):
         x["target_input_ids"][:, 0], loaded.initial_decoder_state(encoded), encoded
     )
     np.testing.assert_allclose(logits, model(x)[:, 0], atol=1e-5)
+
+
+def test_a_model_saved_as_seq2seq_loads_as_recurrent_seq2seq(tmp_path, rng):
+    """`.keras` files written before the rename name the class "Seq2Seq"."""
+    x, _ = reversal_data(rng, 8, VOCAB)
+    model = make_model()
+    model.predict(x, verbose=0)
+    model.save(tmp_path / "new.keras")
+    with (
+        zipfile.ZipFile(tmp_path / "new.keras") as new,
+        zipfile.ZipFile(tmp_path / "old.keras", "w") as old,
+    ):
+        for item in new.infolist():
+            data = new.read(item)
+            if item.filename == "config.json":
+                config = json.loads(data)
+                assert config["class_name"] == "RecurrentSeq2Seq"
+                config.update(class_name="Seq2Seq", registered_name="seq2seq>Seq2Seq")
+                data = json.dumps(config).encode()
+            old.writestr(item, data)
+    loaded = keras.saving.load_model(tmp_path / "old.keras")
+    assert type(loaded) is layers.RecurrentSeq2Seq
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-6)
+    with pytest.warns(DeprecationWarning, match="RecurrentSeq2Seq"):
+        assert layers.Seq2Seq is layers.RecurrentSeq2Seq
 
 
 def test_bad_arguments_are_refused():

@@ -1,4 +1,4 @@
-"""The attentional encoder-decoder model."""
+"""The recurrent attentional encoder-decoder model."""
 
 import keras
 
@@ -17,7 +17,7 @@ def _deserialize(obj, build=True):
 
 
 @keras.saving.register_keras_serializable(package="seq2seq")
-class Seq2Seq(EncoderDecoderModel):
+class RecurrentSeq2Seq(EncoderDecoderModel):
     """Recurrent encoder, bridge and attentional decoder, trained with teacher forcing or
     scheduled sampling. Inputs, labels, outputs and the decoding contract: see
     `EncoderDecoderModel`.
@@ -143,3 +143,7 @@ class Seq2Seq(EncoderDecoderModel):
             share_embeddings=self.share_embeddings,
         )
         return config
+
+
+# Models saved before the rename name the class "Seq2Seq": they load as RecurrentSeq2Seq.
+keras.saving.get_custom_objects()["seq2seq>Seq2Seq"] = RecurrentSeq2Seq
