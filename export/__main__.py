@@ -1,14 +1,16 @@
 """Export a trained model: `python -m export --workdir DIR [--output OUT] [--version N]
-[--formats saved_model,onnx] [--model-name NAME]`.
+[--formats saved_model,onnx,ctranslate2] [--model-name NAME]`.
 
-Writes OUT/saved_model/<model_name>/<version>/ (TF Serving) and OUT/onnx/ (ONNX Runtime).
+Writes OUT/saved_model/<model_name>/<version>/ (TF Serving), OUT/onnx/ (ONNX Runtime) and, for
+a Transformer on request, OUT/ctranslate2/ (CTranslate2, with weights of
+export.ctranslate2_quantization).
 """
 
 import argparse
 import sys
 from pathlib import Path
 
-from pipeline.config import parse_export_formats
+from pipeline.config import DEFAULT_EXPORT_FORMATS, EXPORT_FORMATS, parse_export_formats
 from pipeline.errors import report_user_errors
 
 
@@ -22,7 +24,9 @@ def parse_args(argv):
         "--version", type=int, help="SavedModel version (default: one more than the highest)"
     )
     parser.add_argument(
-        "--formats", default="saved_model,onnx", help="comma-separated: saved_model, onnx"
+        "--formats",
+        default=",".join(DEFAULT_EXPORT_FORMATS),
+        help=f"comma-separated: {', '.join(EXPORT_FORMATS)} (ctranslate2: Transformers only)",
     )
     parser.add_argument("--model-name", help="TF Serving model name (default: export.model_name)")
     return parser.parse_args(argv)

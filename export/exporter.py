@@ -1,10 +1,12 @@
-"""Exports a trained work directory: a versioned SavedModel for TF Serving and an ONNX model.
+"""Exports a trained work directory: a versioned SavedModel for TF Serving, an ONNX model and
+(Transformers only, on request) a CTranslate2 model.
 
     OUT/saved_model/<model_name>/<version>/   signatures serving_default and beam_search
     OUT/onnx/                                 model.onnx, model.json, vocabularies
+    OUT/ctranslate2/                          model.bin, config.json, vocabularies
 
 Each is written to a temporary sibling and renamed into place, so an interrupted export
-leaves no partial version directory and keeps the previous ONNX model.
+leaves no partial version directory and keeps the previous ONNX or CTranslate2 model.
 """
 
 import re
@@ -17,7 +19,7 @@ from export.onnx_model import write_onnx
 from export.serving_check import read_meta_graph, unsupported_ops
 from export.serving_graph import TranslationGraph
 from export.signature import METADATA_FILE
-from pipeline.config import EXPORT_FORMATS
+from pipeline.config import DEFAULT_EXPORT_FORMATS, check_formats_fit_model
 from pipeline.errors import UserError
 from pipeline.tokenizer import vocabulary_paths
 from pipeline.workdir import load_trained, write_directory_atomically
@@ -61,24 +63,38 @@ def export_onnx(graph, workdir, output, opset, int8=True, log=print):
     return target
 
 
+def export_ctranslate2(model, workdir, output, quantization, log=print):
+    from export.ctranslate2_model import write_ctranslate2
+
+    target = Path(output) / "ctranslate2"
+    weights = None if quantization == "none" else quantization
+    write_directory_atomically(
+        target, lambda tmp: write_ctranslate2(model, tmp, vocabulary_paths(workdir), weights)
+    )
+    log(f"CTranslate2: {target} ({quantization if weights else 'float32'} weights), with "
+        "vocabularies")  # fmt: skip
+    return target
+
+
 def export_model(
-    workdir, output=None, formats=EXPORT_FORMATS, version=None, model_name=None, log=print
+    workdir, output=None, formats=DEFAULT_EXPORT_FORMATS, version=None, model_name=None, log=print
 ):
     """Exports `workdir`'s model in `formats` under `output` (default: the configuration's
     export.directory, else WORKDIR/export); returns {format: path}."""
     config, model, source_tokenizer, target_tokenizer = load_trained(workdir)
+    if "ctranslate2" in formats:  # refused now rather than after the other formats
+        check_formats_fit_model(formats, config["model"]["type"], str(workdir))
+        import export.ctranslate2_model  # noqa: F401  (names the package to install, if missing)
     settings = config["export"]
     output = Path(output or settings["directory"] or Path(workdir) / "export")
     model_name = model_name or settings["model_name"]
     _check_model_name(model_name)
     if version is not None and version < 1:
         raise UserError(f"--version must be a positive integer, got {version}")
-    graph = TranslationGraph(
-        model,
-        source_tokenizer.model_proto,
-        target_tokenizer.model_proto,
-        config["decode"],
-    )
+    if "saved_model" in formats or "onnx" in formats:
+        graph = TranslationGraph(
+            model, source_tokenizer.model_proto, target_tokenizer.model_proto, config["decode"]
+        )
     start = time.perf_counter()
     paths = {}
     if "saved_model" in formats:
@@ -86,6 +102,10 @@ def export_model(
     if "onnx" in formats:
         paths["onnx"] = export_onnx(
             graph, workdir, output, settings["onnx_opset"], settings["onnx_int8"], log
+        )
+    if "ctranslate2" in formats:
+        paths["ctranslate2"] = export_ctranslate2(
+            model, workdir, output, settings["ctranslate2_quantization"], log
         )
     log(f"Exported in {time.perf_counter() - start:.0f} s")
     return paths

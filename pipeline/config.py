@@ -29,6 +29,13 @@ ATTENTIONS = (
 )
 # Keras dtype policies a model may train under; its variables and exports stay float32.
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+EXPORT_FORMATS = ("saved_model", "onnx", "ctranslate2")
+DEFAULT_EXPORT_FORMATS = ("saved_model", "onnx")
+# CTranslate2's weight types (`spec.optimize(quantization=...)`); none keeps float32.
+CTRANSLATE2_QUANTIZATIONS = (
+    "none", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
+    "bfloat16",
+)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,13 +177,13 @@ SCHEMA = {
     "export": {
         "after_training": Field(bool, False),
         "directory": _path(),  # default: <workdir>/export
-        "formats": Field(str, "saved_model,onnx"),
+        "formats": Field(str, ",".join(DEFAULT_EXPORT_FORMATS)),
         "model_name": Field(str, "translator"),
         "onnx_opset": Field(int, 17, minimum=13, maximum=18),  # tf2onnx 1.17 stops at 18
         "onnx_int8": Field(bool, True),  # also onnx/model.int8.onnx, with int8 weights
+        "ctranslate2_quantization": Field(str, "none", choices=CTRANSLATE2_QUANTIZATIONS),
     },
 }
-EXPORT_FORMATS = ("saved_model", "onnx")
 # Data keys a resumed run may change: where the data is, not what the model learns from.
 RELOCATABLE_DATA_KEYS = (
     "train_source", "train_target", "train_tsv", "valid_source", "valid_target", "valid_tsv",
@@ -331,7 +338,8 @@ def _check_consistency(config, where):
             f"{where}: model.attention luong_dot needs model.decoder_units "
             f"({model['decoder_units']}) equal to the encoder output size ({_memory_dim(model)})"
         )
-    parse_export_formats(config["export"]["formats"], f"{where}: export.formats")
+    formats = parse_export_formats(config["export"]["formats"], f"{where}: export.formats")
+    check_formats_fit_model(formats, model["type"], f"{where}: export.formats")
     if data["shared_vocabulary"] and data["source_vocab_size"] != data["target_vocab_size"]:
         raise UserError(
             f"{where}: data.shared_vocabulary needs data.source_vocab_size "
@@ -385,6 +393,15 @@ def parse_export_formats(text, where):
             f"{where} must be a comma-separated subset of {', '.join(EXPORT_FORMATS)}; got {text!r}"
         )
     return formats
+
+
+def check_formats_fit_model(formats, model_type, where):
+    """Refuses a format that cannot hold a model of `model_type` (before training, not after)."""
+    if "ctranslate2" in formats and model_type != "transformer":
+        raise UserError(
+            f"{where}: ctranslate2 needs model.type: transformer, got {model_type} "
+            "(CTranslate2 has no recurrent encoder-decoder)"
+        )
 
 
 def _memory_dim(model):
