@@ -19,7 +19,7 @@ from export.onnx_model import write_onnx
 from export.serving_check import read_meta_graph, unsupported_ops
 from export.serving_graph import TranslationGraph
 from export.signature import METADATA_FILE
-from pipeline.config import DEFAULT_EXPORT_FORMATS, check_formats_fit_model
+from pipeline.config import DEFAULT_EXPORT_FORMATS, check_formats_fit_model, parse_export_formats
 from pipeline.errors import UserError
 from pipeline.tokenizer import vocabulary_paths
 from pipeline.workdir import load_trained, write_directory_atomically
@@ -109,3 +109,11 @@ def export_model(
         )
     log(f"Exported in {time.perf_counter() - start:.0f} s")
     return paths
+
+
+def export_after_training(workdir, config, log=print):
+    """`pipeline.train`'s after-training hook (entry point `seq2seq_tf.after_training`):
+    exports in `export.formats` when the configuration says `export.after_training`."""
+    if config["export"]["after_training"]:
+        formats = parse_export_formats(config["export"]["formats"], "export.formats")
+        export_model(workdir, formats=formats, log=log)

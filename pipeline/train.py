@@ -12,7 +12,6 @@ from pipeline.config import (
     DEFAULT_CONFIG,
     RELOCATABLE_DATA_KEYS,
     load_config,
-    parse_export_formats,
 )
 from pipeline.distribution import EXIT_RESTART, WorkerLost, current_task
 from pipeline.errors import UserError, report_user_errors
@@ -112,6 +111,26 @@ def fine_tuning_config(config, init_from):
     return config
 
 
+# Entry-point group of the callables `(workdir, config, log)` run after training (on the chief):
+# the export package registers its exporter there (pyproject.toml), so that training runs the
+# export without depending on it.
+AFTER_TRAINING_HOOKS = "seq2seq_tf.after_training"
+
+
+def after_training_hooks(config):
+    """The registered after-training callables, loaded; refused before any training when the
+    configuration asks for an export that no hook would run."""
+    from importlib.metadata import entry_points
+
+    hooks = entry_points(group=AFTER_TRAINING_HOOKS)
+    if config["export"]["after_training"] and not hooks:
+        raise UserError(
+            "export.after_training is set, but no exporter is registered: install the project "
+            "(pip install -e .) or export with python -m export"
+        )
+    return [hook.load() for hook in hooks]
+
+
 @report_user_errors
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -124,6 +143,7 @@ def main(argv=None):
         raise UserError(
             f"--init-from {args.init_from} is the work directory; fine-tune into a new one"
         )
+    hooks = after_training_hooks(config)
     workdir.mkdir(parents=True, exist_ok=True)
     _check_workdir(workdir, config)
     log(f"Work directory: {workdir}")
@@ -139,11 +159,9 @@ def main(argv=None):
     except TrainingInterrupted as stop:
         log(f"\nStopped ({stop}); saved {stop.checkpoint}. Run the same command to resume from it.")
         sys.exit(128 + stop.signum)
-    if config["export"]["after_training"] and current_task(config["distribute"]).is_chief:
-        from export.exporter import export_model
-
-        formats = parse_export_formats(config["export"]["formats"], "export.formats")
-        export_model(workdir, formats=formats, log=log)
+    if current_task(config["distribute"]).is_chief:
+        for hook in hooks:
+            hook(workdir, config, log)
     log(
         "\nDone. Everything is in " + str(workdir) + ":\n"
         f"  model.keras, vocab/, checkpoints/, logs/ (tensorboard --logdir {workdir / 'logs'})\n"
