@@ -22,7 +22,7 @@ import tensorflow as tf  # noqa: E402
 import tensorflow_text  # noqa: E402, F401  (the SavedModel's tokenizer ops)
 from decoding_runtimes import SessionRuntime, export_directory, latest_version  # noqa: E402
 
-from export.runtime import Translator as OnnxTranslator  # noqa: E402
+from export.runtime import OnnxTranslator  # noqa: E402
 from export.signature import SOURCE_IDS  # noqa: E402
 from pipeline.corpus import read_split  # noqa: E402
 from pipeline.evaluation import score_translations  # noqa: E402

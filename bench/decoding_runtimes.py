@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tensorflow_text  # noqa: E402, F401  (the SavedModel's tokenizer ops)
 
-from export.runtime import Translator as OnnxTranslator  # noqa: E402
+from export.runtime import OnnxTranslator  # noqa: E402
 from export.signature import BEAM_SEARCH, SOURCE_IDS  # noqa: E402
 from pipeline.corpus import read_split  # noqa: E402
 from pipeline.evaluation import score_translations  # noqa: E402

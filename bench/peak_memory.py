@@ -52,9 +52,9 @@ def run_training(config, steps):
 def run_decoding(runtime, workdir, onnx_directory, sentences_file):
     sentences = Path(sentences_file).read_text(encoding="utf-8").splitlines()
     if runtime in ("onnx", "onnx_int8"):
-        from export.runtime import Translator
+        from export.runtime import OnnxTranslator
 
-        translator = Translator(onnx_directory, batch_size=64, int8=runtime == "onnx_int8")
+        translator = OnnxTranslator(onnx_directory, batch_size=64, int8=runtime == "onnx_int8")
         translator.translate(sentences, beam_size=5)
         assert "tensorflow" not in sys.modules, "the ONNX runtime must not need TensorFlow"
         return

@@ -232,7 +232,7 @@ def decode_ours(translator, sentences, beam_size, single_runs):
 def quality(root, config_path, vocabularies, paths, speed_rounds, decode_rounds, quick):
     """Both sides trained for the peer's own schedule's wall time, exported, then decoding the
     test set in turns; a table row per system."""
-    from export.runtime import Translator as OnnxTranslator
+    from export.runtime import OnnxTranslator
 
     peer_dir = root / "quality" / "peer"
     _, peer_summary = train_peer(peer_dir, steps=None, max_seconds=60 if quick else None)

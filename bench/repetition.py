@@ -19,7 +19,7 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from export.runtime import Translator  # noqa: E402
+from export.runtime import OnnxTranslator  # noqa: E402
 from pipeline.corpus import read_lines  # noqa: E402
 from pipeline.evaluation import score_translations  # noqa: E402
 
@@ -45,7 +45,7 @@ def main(argv=None):
     data = PROJECT_ROOT / "data" / "multi30k"
     sources = read_lines(data / f"{args.split}.{args.source_language}.gz")
     references = read_lines(data / f"{args.split}.{args.target_language}.gz")
-    translator = Translator(args.export / "onnx")
+    translator = OnnxTranslator(args.export / "onnx")
     outputs = {}
     print(f"{args.split}: {len(sources)} sentences, the export's default search")
     print("\n| no_repeat_ngram_size | BLEU | lowercased | chrF | outputs that repeat | stutter |")

@@ -2,8 +2,8 @@
 
 Needs numpy, onnxruntime and sentencepiece only:
 
-    from export.runtime import Translator
-    translator = Translator("runs/default/export")        # or the onnx/ folder itself
+    from export.runtime import OnnxTranslator
+    translator = OnnxTranslator("runs/default/export")        # or the onnx/ folder itself
     translator.translate(["Ein Hund läuft über eine Wiese."], beam_size=5)
 
 Tokenisation reads the same SentencePiece files as the SavedModel's in-graph tokenizer, so
@@ -39,7 +39,7 @@ def session_options(intra_op_threads=None):
     return options
 
 
-class Translator:
+class OnnxTranslator:
     """An exported model (`OUT` or `OUT/onnx`) in ONNX Runtime, with its vocabularies.
 
     `int8=True` loads `model.int8.onnx`, the model with int8 weights: faster on a CPU (beam
@@ -143,3 +143,16 @@ class Translator:
         ids = ids.tolist()
         end = ids.index(self.eos_id) if self.eos_id in ids else len(ids)
         return [i for i in ids[:end] if i != self.pad_id]
+
+
+def __getattr__(name):
+    if name == "Translator":  # OnnxTranslator's name before it was told from pipeline's
+        import warnings
+
+        warnings.warn(
+            "export.runtime.Translator is deprecated: use export.runtime.OnnxTranslator",
+            DeprecationWarning,
+            2,
+        )
+        return OnnxTranslator
+    raise AttributeError(f"module 'export.runtime' has no attribute {name!r}")

@@ -18,7 +18,7 @@ import export.__main__ as export_cli
 from export import client
 from export.exporter import export_onnx, export_saved_model
 from export.onnx_rewrites import optimise_loops, subgraphs
-from export.runtime import Translator as OnnxTranslator
+from export.runtime import OnnxTranslator
 from export.serving_check import read_meta_graph, unsupported_ops, write_signature_only
 from export.serving_graph import TranslationGraph
 from helpers import padded_ids, real_sentences, run_python, search_onnx, search_saved_model
@@ -294,8 +294,8 @@ def test_runtime_translates_without_tensorflow(out, loaded):
     sentences = real_sentences(12) + ["", "Ein Hund läuft über eine Wiese."]
     output = run_python(
         "import json, sys\n"
-        "from export.runtime import Translator\n"
-        "translator = Translator(sys.argv[1])\n"
+        "from export.runtime import OnnxTranslator\n"
+        "translator = OnnxTranslator(sys.argv[1])\n"
         "sentences = json.loads(sys.argv[2])\n"
         "best = translator.translate(sentences, beam_size=5)\n"
         "n_best = translator.translate_n_best(sentences[:2], n_best=3)\n"
@@ -393,8 +393,8 @@ def test_node_example_translates_like_the_python_runtime(out):
     assert result.returncode == 0, result.stderr
     python = run_python(
         "import json, sys\n"
-        "from export.runtime import Translator\n"
-        "translator = Translator(sys.argv[1], batch_size=100)\n"
+        "from export.runtime import OnnxTranslator\n"
+        "translator = OnnxTranslator(sys.argv[1], batch_size=100)\n"
         "print(json.dumps(translator.translate(json.loads(sys.argv[2]))))\n",
         out, json.dumps(sentences),
     )  # fmt: skip

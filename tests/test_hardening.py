@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from export.runtime import Translator as OnnxTranslator
+from export.runtime import OnnxTranslator
 from helpers import real_sentences, run_python
 from pipeline import callbacks as training_callbacks
 from pipeline import train, translate

@@ -45,3 +45,10 @@ def test_an_export_no_hook_would_run_is_refused_before_training(monkeypatch):
     config = load_config(PROJECT_ROOT / "configs" / "default.yaml", ["export.after_training=true"])
     with pytest.raises(UserError, match="no exporter is registered"):
         after_training_hooks(config)
+
+
+def test_the_onnx_translators_old_name_still_resolves():
+    import export.runtime
+
+    with pytest.warns(DeprecationWarning, match="OnnxTranslator"):
+        assert export.runtime.Translator is export.runtime.OnnxTranslator
