@@ -20,6 +20,7 @@ import onnxruntime
 import sentencepiece
 
 from export.signature import METADATA_FILE, SOURCE_IDS, TARGET_PREFIX, option_dtypes
+from pipeline.length_batches import length_sorted_batches
 
 
 def _find_export(path):
@@ -102,9 +103,7 @@ class OnnxTranslator:
         """For each id list, its `n_best` hypotheses as (target ids without </s>, score);
         each starts with its `target_prefixes` ids where given."""
         results = [None] * len(source_ids)
-        order = np.argsort([len(ids) for ids in source_ids], kind="stable")
-        for start in range(0, len(order), self.batch_size):
-            indices = order[start : start + self.batch_size]
+        for indices in length_sorted_batches([len(ids) for ids in source_ids], self.batch_size):
             batch = self._padded([source_ids[i] for i in indices])
             if target_prefixes is not None:
                 options["target_prefix"] = self._padded([target_prefixes[i] for i in indices])

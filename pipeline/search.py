@@ -458,7 +458,8 @@ def _expand(model, state, sources, beam_size, min_length, blocking):
 
 def _save_finished(finished, candidates, alive, t, sources, beam_size, ranking):
     """Adds the candidates among the best k that end with </s> to the finished hypotheses,
-    scored for ranking, and keeps the best k (the seeds' "save it, but do not expand it")."""
+    scored for ranking, and keeps the best k: a finished hypothesis is saved, not expanded
+    (as in Tensor2Tensor's beam search)."""
     in_top_k = tf.range(2 * beam_size) < beam_size
     scores = ranking.score(candidates.log_probs, t + 1, candidates.coverage, sources.mask)
     new = tf.where(tf.logical_and(candidates.ends, in_top_k), scores, NEG_INF)

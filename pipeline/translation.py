@@ -6,6 +6,7 @@ import numpy as np
 import tensorflow as tf
 
 from pipeline.config import defaults
+from pipeline.length_batches import length_sorted_batches
 from pipeline.search import (
     beam_search,
     blank_empty_sources,
@@ -68,14 +69,6 @@ def replace_unknown(target_ids, target_pieces, source_pieces, attention):
         source_pieces[int(np.argmax(attention[t]))] if token == UNK_ID else piece
         for t, (token, piece) in enumerate(zip(target_ids, target_pieces))
     ]
-
-
-def length_sorted_batches(lengths, batch_size):
-    """Index arrays of batches of at most `batch_size` items, shortest first, so that little
-    work goes to padding."""
-    order = np.argsort(lengths, kind="stable")
-    for start in range(0, len(order), batch_size):
-        yield order[start : start + batch_size]
 
 
 class Translator:
