@@ -29,6 +29,9 @@ def parse_args(argv):
         help=f"comma-separated: {', '.join(EXPORT_FORMATS)} (ctranslate2: Transformers only)",
     )
     parser.add_argument("--model-name", help="TF Serving model name (default: export.model_name)")
+    parser.add_argument(
+        "--verbose", action="store_true", help="the converters' messages on stderr, not in a log"
+    )
     return parser.parse_args(argv)
 
 
@@ -38,7 +41,9 @@ def main(argv=None):
     formats = parse_export_formats(args.formats, "--formats")
     from export.exporter import export_model  # TensorFlow loads once the arguments are valid
 
-    return export_model(args.workdir, args.output, formats, args.version, args.model_name)
+    return export_model(
+        args.workdir, args.output, formats, args.version, args.model_name, verbose=args.verbose
+    )
 
 
 if __name__ == "__main__":

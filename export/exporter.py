@@ -19,10 +19,13 @@ from export.onnx_model import write_onnx
 from export.serving_check import read_meta_graph, unsupported_ops
 from export.serving_graph import TranslationGraph
 from export.signature import METADATA_FILE
+from pipeline import library_output
 from pipeline.config import DEFAULT_EXPORT_FORMATS, check_formats_fit_model, parse_export_formats
 from pipeline.errors import UserError
 from pipeline.tokenizer import vocabulary_paths
 from pipeline.workdir import load_trained, write_directory_atomically
+
+EXPORT_LOG = "export.log"  # what the converters write to stderr, beside the exports
 
 
 def _check_model_name(name):
@@ -77,10 +80,17 @@ def export_ctranslate2(model, workdir, output, quantization, log=print):
 
 
 def export_model(
-    workdir, output=None, formats=DEFAULT_EXPORT_FORMATS, version=None, model_name=None, log=print
+    workdir,
+    output=None,
+    formats=DEFAULT_EXPORT_FORMATS,
+    version=None,
+    model_name=None,
+    log=print,
+    verbose=False,
 ):
     """Exports `workdir`'s model in `formats` under `output` (default: the configuration's
-    export.directory, else WORKDIR/export); returns {format: path}."""
+    export.directory, else WORKDIR/export); returns {format: path}. What the converters write
+    to stderr goes to OUT/export.log unless `verbose`."""
     config, model, source_tokenizer, target_tokenizer = load_trained(workdir)
     if "ctranslate2" in formats:  # refused now rather than after the other formats
         check_formats_fit_model(formats, config["model"]["type"], str(workdir))
@@ -97,17 +107,20 @@ def export_model(
         )
     start = time.perf_counter()
     paths = {}
-    if "saved_model" in formats:
-        paths["saved_model"] = export_saved_model(graph, output, model_name, version, log)
-    if "onnx" in formats:
-        paths["onnx"] = export_onnx(
-            graph, workdir, output, settings["onnx_opset"], settings["onnx_int8"], log
-        )
-    if "ctranslate2" in formats:
-        paths["ctranslate2"] = export_ctranslate2(
-            model, workdir, output, settings["ctranslate2_quantization"], log
-        )
-    log(f"Exported in {time.perf_counter() - start:.0f} s")
+    output.mkdir(parents=True, exist_ok=True)
+    with library_output.to_file(output / EXPORT_LOG, enabled=not verbose):
+        if "saved_model" in formats:
+            paths["saved_model"] = export_saved_model(graph, output, model_name, version, log)
+        if "onnx" in formats:
+            paths["onnx"] = export_onnx(
+                graph, workdir, output, settings["onnx_opset"], settings["onnx_int8"], log
+            )
+        if "ctranslate2" in formats:
+            paths["ctranslate2"] = export_ctranslate2(
+                model, workdir, output, settings["ctranslate2_quantization"], log
+            )
+    also = "" if verbose else f"; the converters' messages are in {output / EXPORT_LOG}"
+    log(f"Exported in {time.perf_counter() - start:.0f} s{also}")
     return paths
 
 

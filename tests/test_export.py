@@ -5,8 +5,10 @@ and the Node.js example, on a briefly trained smoke model."""
 import collections
 import json
 import math
+import re
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import onnx
@@ -110,6 +112,25 @@ def test_versions_count_up_and_an_existing_one_is_refused(workdir, tmp_path, cap
     assert "already exists" in capsys.readouterr().err
     assert (output / "saved_model" / MODEL_NAME / "1" / "saved_model.pb").read_bytes() == before
     assert sorted(p.name for p in (output / "saved_model" / MODEL_NAME).iterdir()) == versions
+
+
+def test_the_converters_chatter_goes_to_the_export_log(workdir, tmp_path):
+    """As a user runs it (a fresh process: pytest's capture would hide where stderr goes)."""
+    output = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "export", "--workdir", str(workdir), "--output", str(output),
+         "--formats", "onnx"],
+        capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=300, check=True,
+    )  # fmt: skip
+    # What TensorFlow's native logging writes while it loads (before any log file is known,
+    # whatever TF_CPP_MIN_LOG_LEVEL says) aside, the output is ours alone.
+    native = re.compile(r"^([IWE]\d{4} |WARNING: All log messages before absl)")
+    lines = [line for line in (result.stdout + result.stderr).splitlines()
+             if not native.match(line)]  # fmt: skip
+    assert len(lines) == 2 and lines[0].startswith("ONNX: "), lines
+    assert "export.log" in lines[1]
+    # ONNX Runtime's quantiser notices, protobuf dumps and all, are in the log.
+    assert "quantiz" in (output / "export.log").read_text()
 
 
 def test_bad_formats_and_missing_workdir_are_refused(tmp_path, capsys):
