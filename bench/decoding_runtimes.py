@@ -9,7 +9,8 @@ SavedModel through the session loader that TF Serving uses, and ONNX Runtime
 (`export.runtime`). Prints sentences per second, milliseconds per sentence, and how many
 sentences' token ids differ from the SavedModel's (with the largest score difference), the
 test BLEU of the sentences decoded, and each runtime's speed as a multiple of the session
-path's. An export with `model.int8.onnx` adds ONNX Runtime with int8 weights. Each figure is
+path's. An export with `model.int8.onnx` adds ONNX Runtime with int8 weights, one with
+`ctranslate2/` CTranslate2 with float32 and int8 weights (`CTranslate2Runtime`). Each figure is
 the best of `--repeats` timings, the runtimes taking turns. Expects `python -m export
 --workdir DIR` to have run (DIR/export). `--baseline-export` adds another export of the same
 model (the previous commit's, say) to the turns: a before/after ratio measured in one run.
@@ -109,6 +110,45 @@ class OnnxRuntime:
         return out["ids"][:, 0], out["scores"][:, 0]
 
 
+class CTranslate2Runtime:
+    """The export's `ctranslate2/` directory (`python -m export --formats ...,ctranslate2`, a
+    Transformer), tokens in and out through the SentencePiece pieces. CTranslate2 takes one
+    length limit a batch: each batch's longest of ours (the same at batch 1). Its length
+    penalty divides by |Y|^alpha, our "average" penalty; with our default (GNMT) it decodes
+    without one, so its beam-5 ids may differ from ours where the penalty decides, and its
+    scores (log P, no penalty) are not our ranking scores: its score difference says nothing."""
+
+    def __init__(self, directory, source, target, decode, compute_type):
+        import ctranslate2
+
+        self.translator = ctranslate2.Translator(
+            str(directory), device="cpu", compute_type=compute_type, intra_threads=os.cpu_count()
+        )
+        self.name = f"CTranslate2, {compute_type}"
+        self.source_pieces = [source.id_to_piece(i) for i in range(source.get_piece_size())]
+        self.target = target
+        self.decode = decode
+        average = decode["length_penalty_type"] == "average"
+        self.length_penalty = decode["length_penalty"] if average else 0.0
+
+    def __call__(self, batch, beam_size):
+        limits = decode_length_limits(
+            batch, PAD_ID, self.decode["max_length_ratio"], self.decode["max_length_offset"],
+            self.decode["max_length_cap"],
+        ).numpy()  # fmt: skip
+        results = self.translator.translate_batch(
+            [[self.source_pieces[i] for i in row if i != PAD_ID] for row in batch],
+            beam_size=beam_size, length_penalty=self.length_penalty, min_decoding_length=0,
+            max_decoding_length=int(limits.max()), max_input_length=0, return_end_token=True,
+            return_scores=True,
+        )  # fmt: skip
+        ids = np.full((len(batch), int(limits.max())), PAD_ID, np.int32)
+        for row, result in enumerate(results):
+            hypothesis = [self.target.piece_to_id(piece) for piece in result.hypotheses[0]]
+            ids[row, : len(hypothesis)] = hypothesis
+        return ids, np.array([result.scores[0] for result in results], np.float32)
+
+
 def export_directory(config, workdir):
     return Path(config["export"]["directory"] or Path(workdir) / "export")
 
@@ -141,10 +181,12 @@ def measure(runtimes, source_ids, batch_size, beam_size, repeats):
 
 
 def compare(results, reference):
+    """Sentences whose ids differ (padding aside: runtimes may pad to other widths), and the
+    largest score difference."""
     differing = sum(
         1
         for (ids, _), (ref, _) in zip(results, reference)
-        if ids.shape != ref.shape or not np.array_equal(ids, ref)
+        if not np.array_equal(ids[ids != PAD_ID], ref[ref != PAD_ID])
     )
     score_diff = max(abs(s - r) for (_, s), (_, r) in zip(results, reference))
     return differing, score_diff
@@ -181,6 +223,17 @@ def main():
     ]
     if json.loads((export_dir / "onnx" / "model.json").read_text()).get("int8_model"):
         runtimes.append(OnnxRuntime(export_dir, int8=True))
+    if (export_dir / "ctranslate2").is_dir():
+        runtimes += [
+            CTranslate2Runtime(
+                export_dir / "ctranslate2",
+                source_tokenizer.processor,
+                target_tokenizer.processor,
+                config["decode"],
+                compute_type,
+            )  # fmt: skip
+            for compute_type in ("float32", "int8")
+        ]
     if args.baseline_export:
         model_name = config["export"]["model_name"]
         runtimes += [

@@ -162,11 +162,12 @@ def main(argv=None):
     if current_task(config["distribute"]).is_chief:
         for hook in hooks:
             hook(workdir, config, log)
+    settings = config["export"]
     log(
         "\nDone. Everything is in " + str(workdir) + ":\n"
         f"  model.keras, vocab/, checkpoints/, logs/ (tensorboard --logdir {workdir / 'logs'})\n"
         f"  test_report.json, test_translations.txt"
-        + (", export/ (SavedModel and ONNX)" if config["export"]["after_training"] else "")
+        + (f", export/ ({settings['formats']})" if settings["after_training"] else "")
         + "\n"
         "Next:\n"
         f"  echo 'Ein Hund läuft im Park.' | python -m pipeline.translate --workdir {workdir}\n"
