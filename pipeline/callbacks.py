@@ -70,16 +70,17 @@ class FirstStepTime(keras.callbacks.Callback):
             self.log(f"\nFirst training step after {time.perf_counter() - self.started:.1f} s")
 
 
-class ReportAtEpochEnd(keras.callbacks.Callback):
-    """Logs the lines `report()` returns at the end of every epoch."""
+class ReportAtTrainingEnd(keras.callbacks.Callback):
+    """Logs the lines `report()` returns once training ends (once, not at every epoch: each
+    such line splits the progress bar's, which Keras then writes again)."""
 
     def __init__(self, report, log=print):
         super().__init__()
         self.report = report
         self.log = log
 
-    def on_epoch_end(self, epoch, logs=None):
-        self.log("\n" + "\n".join(self.report()))  # after the progress bar's line
+    def on_train_end(self, logs=None):
+        self.log("\n".join(self.report()))
 
 
 class CheckpointEveryNSteps(keras.callbacks.Callback):

@@ -146,7 +146,7 @@ def _callbacks(config, workdir, task, manager, completed_epochs, translator, flo
         training_callbacks.StopOnNonFiniteLoss(manager),  # before any checkpoint of the step
         training_callbacks.TargetTokensPerSecond(),
         checkpointer,
-        training_callbacks.ReportAtEpochEnd(lambda: stream.counters.summary(), log),
+        training_callbacks.ReportAtTrainingEnd(lambda: stream.counters.summary(), log),
     ]
     if train["bleu_every_epochs"] and task.is_chief:
         sources = corpora["valid"].sources[: train["bleu_subset"]]
