@@ -238,6 +238,8 @@ class AttentionDecoder(keras.layers.Layer):
     def _stepwise_forward(
         self, target_ids, state, memory_cache, memory_mask, sampling_probability, training
     ):
+        # TensorFlow directly, not keras.ops.while_loop: the loop writes each step's output
+        # into a TensorArray (a growing list of a symbolic length), which keras.ops has not.
         sampling = sampling_probability is not None
         batch, length = ops.shape(target_ids)[0], ops.shape(target_ids)[1]
         time_major_ids = ops.transpose(target_ids)
