@@ -73,7 +73,6 @@ class NgramBlocking(NamedTuple):
     """`no_repeat_ngram_size` and what follows from it, computed once, outside the loops
     (every node of a loop's body costs at each step in ONNX Runtime)."""
 
-    size: tf.Tensor  # int32 []: n (0: off)
     # int32 []: an n-gram's start lags the next token by this much (n - 1; huge for n = 0, so
     # that no n-gram is ever complete)
     lag: tf.Tensor
@@ -95,7 +94,7 @@ def ngram_blocking(size):
     context = tf.maximum(size - 1, 1)
     offsets = tf.range(context)
     lag = tf.where(size > 0, size - 1, tf.int32.max // 2)
-    return NgramBlocking(size, lag, context, offsets, offsets >= size - 1)
+    return NgramBlocking(lag, context, offsets, offsets >= size - 1)
 
 
 def _block_repeated_ngrams(logits, ids, t, blocking):
