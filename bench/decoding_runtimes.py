@@ -33,6 +33,7 @@ from export.runtime import OnnxTranslator  # noqa: E402
 from export.signature import BEAM_SEARCH, SOURCE_IDS  # noqa: E402
 from pipeline.corpus import read_split  # noqa: E402
 from pipeline.evaluation import score_translations  # noqa: E402
+from pipeline.length_batches import length_sorted_batches  # noqa: E402
 from pipeline.search import beam_search, decode_length_limits  # noqa: E402
 from pipeline.tokenizer import PAD_ID  # noqa: E402
 from pipeline.workdir import load_trained  # noqa: E402
@@ -40,13 +41,12 @@ from pipeline.workdir import load_trained  # noqa: E402
 
 def batches_of(source_ids, batch_size):
     """Length-sorted, right-padded int32 batches."""
-    order = np.argsort([len(ids) for ids in source_ids], kind="stable")
-    for start in range(0, len(order), batch_size):
-        rows = [source_ids[i] for i in order[start : start + batch_size]]
+    for indices in length_sorted_batches([len(ids) for ids in source_ids], batch_size):
+        rows = [source_ids[i] for i in indices]
         batch = np.zeros((len(rows), max(1, max(map(len, rows)))), np.int32)
         for r, ids in enumerate(rows):
             batch[r, : len(ids)] = ids
-        yield order[start : start + batch_size], batch
+        yield indices, batch
 
 
 class KerasRuntime:
