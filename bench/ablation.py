@@ -2,11 +2,12 @@
 
     python bench/ablation.py [--config configs/default.yaml] [--root runs/ablation]
                              [--variants NAME ...] [--beam-sizes 1 5 10]
-                             [--length-penalties 0 0.6 1.0] [--quick]
+                             [--length-penalties 0 0.6 1.0] [--seeds N ...] [--quick]
 
 Each variant trains a model from the config with a few settings changed (`python -m
 pipeline.train`, its own work directory under `--root`, so an interrupted table resumes where it
-stopped), then the best variant's model is decoded with each beam size and length penalty
+stopped; `--seeds` trains each variant once a seed, in `NAME_seedN`, and adds each variant's mean
+over its seeds), then the best variant's model is decoded with each beam size and length penalty
 (`python -m pipeline.evaluate`). The table prints test BLEU (cased and lowercased, sacreBLEU),
 chrF, the last validation perplexity, the median training speed (target tokens per second,
 from the run's TensorBoard logs; run the table alone on the machine) and training time.
@@ -37,6 +38,11 @@ ATTENTION_VARIANTS = {
     "luong_dot": ["model.attention=luong_dot", "model.decoder_units=512"],
     "luong_general": ["model.attention=luong_general"],
     "luong_general_scaled": ["model.attention=luong_general", "model.attention_scale=true"],
+    "luong_dot_scaled": [
+        "model.attention=luong_dot",
+        "model.decoder_units=512",
+        "model.attention_scale=true",
+    ],
     "luong_concat": ["model.attention=luong_concat"],
     "scaled_dot": ["model.attention=scaled_dot"],
     "multi_head": ["model.attention=multi_head"],
@@ -94,15 +100,25 @@ def main(argv=None):
     parser.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=VARIANTS)
     parser.add_argument("--beam-sizes", nargs="+", type=int, default=[1, 5, 10])
     parser.add_argument("--length-penalties", nargs="+", type=float, default=[0.0, 0.6, 1.0])
+    parser.add_argument(
+        "--seeds",
+        nargs="+",
+        type=int,
+        default=[None],
+        help="train.seed values (default: the config's)",
+    )
     parser.add_argument("--quick", action="store_true", help="100 steps a variant")
     args = parser.parse_args(argv)
 
     root = Path(args.root) / "quick" if args.quick else Path(args.root)  # never mixed with results
     rows = []
     for name in args.variants:
-        workdir = root / name
-        report = train_variant(args.config, workdir, VARIANTS[name], args.quick)
-        rows.append((name, workdir, report))
+        for seed in args.seeds:
+            label = name if seed is None else f"{name}_seed{seed}"
+            settings = VARIANTS[name] + ([] if seed is None else [f"train.seed={seed}"])
+            workdir = root / label
+            report = train_variant(args.config, workdir, settings, args.quick)
+            rows.append((label, workdir, report))
 
     print(f"\nconfig {args.config}; test BLEU with the config's decode settings")
     columns = ("variant", "val perplexity", "test BLEU", "lowercased", "chrF", "target tok/s")
@@ -117,6 +133,19 @@ def main(argv=None):
             f"| {report['bleu_lowercase']:.2f} | {report['chrf']:.2f} "
             f"| {np.median(speed):,.0f} | {seconds or 0:.0f} |"
         )
+    if len(args.seeds) > 1:
+        print(f"\nmean over seeds {args.seeds}")
+        print("| variant | test BLEU | lowercased | chrF |")
+        print("|---|---:|---:|---:|")
+        for index, name in enumerate(args.variants):
+            reports = [
+                row[2] for row in rows[index * len(args.seeds) : (index + 1) * len(args.seeds)]
+            ]
+            means = [
+                np.mean([report[key] for report in reports])
+                for key in ("bleu", "bleu_lowercase", "chrf")
+            ]
+            print(f"| {name} | " + " | ".join(f"{value:.2f}" for value in means) + " |")
 
     best_name, best_workdir, _ = max(rows, key=lambda row: row[2]["bleu"])
     print(f"\nsearch settings on the best variant ({best_name})")
