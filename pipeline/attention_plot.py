@@ -1,5 +1,7 @@
 """Attention matrices drawn as images (source tokens x target tokens)."""
 
+import io
+
 import matplotlib
 
 matplotlib.use("Agg")  # files only; no display needed
@@ -13,9 +15,9 @@ def _label(piece):
     return piece.replace("\u2581", "") or "\u2423"
 
 
-def plot_attention(hypothesis, path, title=None):
-    """Writes a PNG of `hypothesis.attention`: one row per target token, one column per
-    source token, darker where the decoder looked. Written atomically."""
+def attention_figure(hypothesis, title=None):
+    """A matplotlib figure of `hypothesis.attention`: one row per target token, one column
+    per source token, darker where the decoder looked. The caller closes it."""
     attention = hypothesis.attention
     rows, columns = attention.shape
     width = min(4 + 0.42 * columns, 40)
@@ -30,6 +32,21 @@ def plot_attention(hypothesis, path, title=None):
     axes.set_title(title or hypothesis.text, fontsize=11, wrap=True)
     figure.colorbar(image, ax=axes, fraction=0.04, pad=0.02, label="attention weight")
     figure.tight_layout()
+    return figure
+
+
+def plot_attention(hypothesis, path, title=None):
+    """Writes `attention_figure(hypothesis, title)` to `path` as a PNG, atomically."""
+    figure = attention_figure(hypothesis, title)
     with atomic_path(path) as tmp:
         figure.savefig(tmp)
     plt.close(figure)
+
+
+def attention_png(hypothesis, title=None):
+    """`attention_figure(hypothesis, title)` as PNG bytes."""
+    figure = attention_figure(hypothesis, title)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    plt.close(figure)
+    return buffer.getvalue()

@@ -2,12 +2,14 @@
 
 import math
 import signal
+import sys
 import threading
 import time
 
 import keras
 import tensorflow as tf
 
+from pipeline.attention_plot import attention_png
 from pipeline.errors import UserError
 from pipeline.evaluation import score_translations
 
@@ -67,7 +69,54 @@ class FirstStepTime(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if not self._done:
             self._done = True
-            self.log(f"\nFirst training step after {time.perf_counter() - self.started:.1f} s")
+            self.log(f"First training step after {time.perf_counter() - self.started:.1f} s")
+
+
+class EpochProgress(keras.callbacks.Callback):
+    """Training's progress for the user, in place of Keras' progress bar (whose redraws and
+    per-epoch headers took five lines an epoch when written to a file): on a terminal, one
+    line redrawn as the steps go; then one line an epoch with its figures. Put it after the
+    callbacks that add to the epoch's logs (BLEU)."""
+
+    FIGURES = (
+        ("loss", "loss {:.3f}"),
+        ("perplexity", "perplexity {:.2f}"),
+        ("val_loss", "validation loss {:.3f}"),
+        ("val_perplexity", "validation perplexity {:.2f}"),
+        ("val_bleu", "validation BLEU {:.2f}"),
+        ("tgt_tok/s", "{:,.0f} target tokens/s"),
+    )
+    REDRAW_SECONDS = 0.5
+
+    def __init__(self, epochs, log=print, stream=None):
+        super().__init__()
+        self.epochs = epochs
+        self.log = log
+        self.stream = stream or sys.stdout
+        self.interactive = self.stream.isatty()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch + 1
+        self._start = self._drawn = time.perf_counter()
+
+    def _figures(self, logs):
+        return ", ".join(text.format(logs[key]) for key, text in self.FIGURES if key in logs)
+
+    def on_train_batch_end(self, batch, logs=None):
+        now = time.perf_counter()
+        if not self.interactive or now - self._drawn < self.REDRAW_SECONDS:
+            return
+        self._drawn = now
+        line = (f"epoch {self._epoch}/{self.epochs}: step {batch + 1:,}/{self.params['steps']:,}, "
+                f"{self._figures(logs or {})}")  # fmt: skip
+        self.stream.write(f"\r{line}\x1b[K")  # the rest of the previous line erased
+        self.stream.flush()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.interactive:
+            self.stream.write("\r\x1b[K")
+        seconds = time.perf_counter() - self._start
+        self.log(f"epoch {self._epoch}/{self.epochs}: {self._figures(logs or {})}, {seconds:.0f} s")
 
 
 class ReportAtTrainingEnd(keras.callbacks.Callback):
@@ -195,14 +244,13 @@ class ValidationBleu(keras.callbacks.Callback):
     precision) its float32 twin, which first takes the trained weights.
     """
 
-    def __init__(self, translator, float32_model, sources, references, every_epochs, log=print):
+    def __init__(self, translator, float32_model, sources, references, every_epochs):
         super().__init__()
         self.translator = translator
         self.float32_model = float32_model
         self.sources = sources
         self.references = references
         self.every_epochs = every_epochs
-        self.log = log
 
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self.every_epochs:
@@ -213,6 +261,39 @@ class ValidationBleu(keras.callbacks.Callback):
         scores = score_translations(hypotheses, self.references)
         if logs is not None:
             logs["val_bleu"] = scores["bleu"]
-        self.log(
-            f"epoch {epoch + 1}: BLEU {scores['bleu']} on {len(self.sources)} validation sentences"
-        )
+
+
+class AttentionImages(keras.callbacks.Callback):
+    """Each epoch, the attention matrices of a few fixed validation sentences as TensorBoard
+    images (`attention/1`, ...) in `log_dir`, beside the loss and BLEU curves.
+
+    `translator` decodes with `float32_model`, as in `ValidationBleu`.
+    """
+
+    def __init__(self, translator, float32_model, sources, log_dir):
+        super().__init__()
+        self.translator = translator
+        self.float32_model = float32_model
+        self.sources = sources
+        self.log_dir = str(log_dir)
+        self._writer = None
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.float32_model is not self.model:
+            self.float32_model.set_weights(self.model.get_weights())
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(self.log_dir)
+        hypotheses = [n_best[0] for n_best in self.translator.translate(self.sources)]
+        with self._writer.as_default(step=epoch + 1):
+            for number, hypothesis in enumerate(hypotheses, start=1):
+                if not hypothesis.target_tokens or not hypothesis.source_tokens:
+                    continue
+                image = tf.image.decode_png(attention_png(hypothesis), channels=3)
+                tf.summary.image(f"attention/{number}", image[tf.newaxis], description=(
+                    f"{self.sources[number - 1]} -> {hypothesis.text}"))  # fmt: skip
+        self._writer.flush()
+
+    def on_train_end(self, logs=None):
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None

@@ -148,6 +148,7 @@ SCHEMA = {
         "early_stopping_patience": _positive_int(None, nullable=True),
         "bleu_every_epochs": Field(int, 0, minimum=0),
         "bleu_subset": _positive_int(200),
+        "attention_images": Field(int, 3, minimum=0),  # validation sentences drawn each epoch
         "jit_compile": Field(bool, False),
         "precision": Field(str, "float32", choices=PRECISIONS),
     },

@@ -3,6 +3,8 @@
 import functools
 import sys
 
+from pipeline.library_output import quiet_tensorflow_startup
+
 
 class UserError(Exception):
     """A problem with the user's input (configuration, corpus, work directory)."""
@@ -18,10 +20,12 @@ def first_line(error):
 
 
 def report_user_errors(main):
-    """Wraps a command's `main`: a `UserError` prints `error: ...` and exits with status 2."""
+    """Wraps a command's `main`: TensorFlow loads without its native start-up chatter
+    (`quiet_tensorflow_startup`), and a `UserError` prints `error: ...` and exits with status 2."""
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
+        quiet_tensorflow_startup()
         try:
             return main(*args, **kwargs)
         except UserError as error:

@@ -153,18 +153,24 @@ def prepare_tokenizers(workdir, data_config, samples, log=print):
     if shared:
         _prepare_shared(paths[0], data_config, samples, log)
         return Tokenizer(paths[0]), Tokenizer(paths[1])
+    to_build = []
     for side, path in zip(SIDES, paths):
         given = data_config[f"{side}_vocabulary"]
         if given:
             _adopt(given, path, log)
-            continue
-        if path.exists():
+        elif path.exists():
             log(f"Reusing the vocabulary {path}")
-            continue
-        size, kind = data_config[f"{side}_vocab_size"], data_config["subword_model"]
-        log(f"Building a {size}-piece {kind} vocabulary from {len(samples[side]):,} sampled "
-            f"sentences: {path}")  # fmt: skip
-        train_sentencepiece(_sentences(samples[side]), size, kind, path)
+        else:
+            to_build.append((side, path))
+    if to_build:
+        kind = data_config["subword_model"]
+        sizes = ", ".join(f"{side} {data_config[f'{side}_vocab_size']}" for side, _ in to_build)
+        log(f"Building {kind} vocabularies ({sizes} pieces) from "
+            f"{len(samples[to_build[0][0]]):,} sampled sentences a side: "
+            f"{paths[0].parent}")  # fmt: skip
+    for side, path in to_build:
+        size = data_config[f"{side}_vocab_size"]
+        train_sentencepiece(_sentences(samples[side]), size, data_config["subword_model"], path)
     return Tokenizer(paths[0]), Tokenizer(paths[1])
 
 

@@ -165,7 +165,8 @@ def main(argv=None):
     settings = config["export"]
     log(
         "\nDone. Everything is in " + str(workdir) + ":\n"
-        f"  model.keras, vocab/, checkpoints/, logs/ (tensorboard --logdir {workdir / 'logs'})\n"
+        f"  {CONFIG_FILE}, {MODEL_FILE}, vocab/, checkpoints/, logs/ "
+        f"(tensorboard --logdir {workdir / 'logs'})\n"
         f"  test_report.json, test_translations.txt"
         + (f", export/ ({settings['formats']})" if settings["after_training"] else "")
         + "\n"

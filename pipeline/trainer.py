@@ -153,9 +153,20 @@ def _callbacks(config, workdir, task, manager, completed_epochs, translator, flo
         references = corpora["valid"].targets[: len(sources)]
         callbacks.append(
             training_callbacks.ValidationBleu(
-                translator, float32_model, sources, references, train["bleu_every_epochs"], log
+                translator, float32_model, sources, references, train["bleu_every_epochs"]
             )
         )
+    has_attention = (
+        config["model"]["type"] == "transformer" or config["model"]["attention"] != "none"
+    )
+    if train["attention_images"] and has_valid and has_attention and task.is_chief:
+        callbacks.append(
+            training_callbacks.AttentionImages(
+                translator, float32_model, corpora["valid"].sources[: train["attention_images"]],
+                workdir / LOG_DIR / "validation",
+            )
+        )  # fmt: skip
+    callbacks.append(training_callbacks.EpochProgress(train["epochs"], log))  # after BLEU
     if train["early_stopping_patience"] and has_valid:
         callbacks.append(
             keras.callbacks.EarlyStopping(
@@ -272,7 +283,6 @@ def run(config, workdir, log=print, init_from=None):
         log(f"Resuming from {source} (step {step}, {int(completed_epochs.numpy())} epochs done)")
     if task.is_chief:  # only now, when nothing has failed, does the configuration change
         save_config(config, workdir / CONFIG_FILE)
-        log(f"Configuration written to {workdir / CONFIG_FILE}")
     translator = Translator(
         float32_model,
         source_tokenizer,
@@ -301,7 +311,7 @@ def run(config, workdir, log=print, init_from=None):
                 validation_data=valid_data,
                 callbacks=callbacks,
                 shuffle=False,  # the dataset shuffles itself, seeded
-                verbose=1 if task.is_chief else 2,
+                verbose=0,  # EpochProgress reports
             ).history
             for key, values in fitted.items():
                 history.setdefault(key, []).extend(values)

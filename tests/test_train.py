@@ -1,15 +1,22 @@
 """`python -m pipeline.train` on the smoke config: trains, checkpoints, resumes, evaluates."""
 
 import json
+import os
 import re
+import subprocess
+import sys
+from collections import Counter
 
 import pytest
+import tensorflow as tf
 import yaml
 
 from pipeline import train
-from pipeline.config import PROJECT_ROOT
+from pipeline.config import PROJECT_ROOT, load_config
 
 SMOKE = str(PROJECT_ROOT / "configs" / "smoke.yaml")
+# TensorFlow's native log lines (`I0000 00:00:...`) and the notice before them.
+NATIVE_LOG_LINE = re.compile(r"^([IWE]\d{4} \d|WARNING: All log messages before absl)")
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +78,36 @@ def test_a_work_directory_of_another_model_is_refused(trained, capsys):
         train.main(["--config", SMOKE, "--workdir", str(workdir), "--set", "model.cell_type=lstm"])
     assert exit_info.value.code == 2
     assert "model.cell_type differ" in capsys.readouterr().err
+
+
+def summary_tags(log_dir, plugin):
+    """{tag: number of events} of the summaries of one TensorBoard plugin under `log_dir`."""
+    counts = Counter()
+    for path in log_dir.glob("events.out.tfevents.*"):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                if value.metadata.plugin_data.plugin_name == plugin:
+                    counts[value.tag] += 1
+    return counts
+
+
+def test_the_main_job_prints_a_short_report_and_logs_attention_images(tmp_path):
+    """The README's first command as a user runs it (a fresh process, no TF_CPP_MIN_LOG_LEVEL),
+    on the smoke corpus for as many epochs as the default recipe: a report under 40 lines with
+    no library chatter, and each epoch's attention images in TensorBoard."""
+    epochs = load_config(PROJECT_ROOT / "configs" / "default.yaml")["train"]["epochs"]
+    environment = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline.train", "--config", SMOKE, "--workdir", str(tmp_path),
+         "--set", f"train.epochs={epochs}", "--set", "export.after_training=true"],
+        capture_output=True, text=True, cwd=PROJECT_ROOT, env=environment, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    # Lines as a terminal shows them: a progress bar redraws its line with carriage returns.
+    lines = (result.stdout + result.stderr).rstrip("\n").split("\n")
+    assert len(lines) < 40, "\n".join(lines)
+    assert not [line for line in lines if NATIVE_LOG_LINE.match(line)], lines
+    for start in ("Model: ", "Test: BLEU", "SavedModel: ", "ONNX: ", "Next:"):
+        assert any(line.startswith(start) for line in lines), start
+    images = summary_tags(tmp_path / "logs" / "validation", "images")
+    assert images == {f"attention/{n}": epochs for n in (1, 2, 3)}
