@@ -8,10 +8,27 @@ import sys
 import numpy as np
 import tensorflow as tf
 
+import layers
 from pipeline.config import PROJECT_ROOT
 from pipeline.workdir import load_trained
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
+
+# Every attention layer configuration the tests cover, for queries and a memory of 8 features.
+ATTENTION_FACTORIES = {
+    "bahdanau": lambda: layers.BahdanauAttention(6),
+    "bahdanau_normalized": lambda: layers.BahdanauAttention(6, normalize=True),
+    "luong_dot": lambda: layers.LuongAttention("dot"),
+    "luong_general": lambda: layers.LuongAttention("general"),
+    "luong_general_scaled": lambda: layers.LuongAttention("general", scale=True),
+    "luong_concat": lambda: layers.LuongAttention("concat", units=5),
+    "scaled_dot": lambda: layers.ScaledDotProductAttention(),
+    "scaled_dot_projected": lambda: layers.ScaledDotProductAttention(4, project_values=True),
+    "multi_head": lambda: layers.MultiHeadCrossAttention(num_heads=2, key_dim=4),
+    "scaled_dot_qk_norm": lambda: layers.ScaledDotProductAttention(4, qk_norm=True),
+    "multi_head_qk_norm": lambda: layers.MultiHeadCrossAttention(2, 4, qk_norm=True),
+    "multi_head_one_qk_norm": lambda: layers.MultiHeadCrossAttention(1, 4, qk_norm=True),
+}
 
 
 def reversal_data(rng, n, vocab_size=20, max_len=8):
