@@ -47,29 +47,6 @@ def reversal_data(rng, n, vocab_size=20, max_len=8):
     return {"source_ids": source, "target_input_ids": target_in}, target_out
 
 
-def gradients_of(layer_fn, variables):
-    """Gradients of a random projection of `layer_fn()` with respect to `variables`."""
-    with tf.GradientTape() as tape:
-        tape.watch(variables)
-        outputs = tf.nest.flatten(layer_fn())
-        loss = 0.0
-        for i, out in enumerate(outputs):
-            if out is None or not out.dtype.is_floating:
-                continue
-            projection = tf.random.stateless_normal(tf.shape(out), seed=(i, 7))
-            loss += tf.reduce_sum(out * projection)
-    return tape.gradient(loss, variables)
-
-
-def assert_gradients_reach(layer_fn, layer):
-    variables = [v.value for v in layer.trainable_variables]
-    assert variables, f"{layer.name} has no trainable variables"
-    grads = gradients_of(layer_fn, variables)
-    for variable, grad in zip(layer.trainable_variables, grads):
-        assert grad is not None, f"no gradient reaches {variable.path}"
-        assert float(tf.reduce_max(tf.abs(grad))) > 0, f"zero gradient at {variable.path}"
-
-
 def real_sentences(n, split="test_2016_flickr"):
     """The first `n` German sentences of a bundled Multi30k split."""
     path = PROJECT_ROOT / "data" / "multi30k" / f"{split}.de.gz"
