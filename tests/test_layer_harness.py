@@ -241,15 +241,31 @@ def transformer(**options):
     )  # fmt: skip
 
 
+def model_masking_invariant(inputs, outputs):
+    """Logits and attention at real target positions, over the source's first columns."""
+    real_targets = inputs["target_input_ids"] != 0
+    logits, weights = (np.asarray(o) for o in outputs)
+    return [logits[real_targets], weights[:, :, : inputs["source_ids"].shape[1]][real_targets]]
+
+
 def model_case(name, make_model):
     return LayerCase(
         name,
         make_model,
         lambda rng: reversal_data(rng, 3, VOCAB, max_len=5)[0],
         lambda model, inputs: model.forward(inputs),
+        masking=Masking(
+            perturb=lambda inputs, rng: {
+                "source_ids": extra_padding(inputs["source_ids"]),
+                "target_input_ids": other_tokens_at(
+                    inputs["target_input_ids"], inputs["target_input_ids"] != 0, rng
+                ),
+            },
+            invariant=model_masking_invariant,
+            weights=lambda outputs: outputs[1],
+            source_mask=lambda inputs: inputs["source_ids"] != 0,
+        ),
         skip={
-            "masking": "padding: test_a_sentence_does_not_depend_on_its_batch in test_seq2seq "
-            "and test_transformer",
             "steps": "decode_step: test_seq2seq::test_decode_step_contract_matches_teacher_"
             "forcing, test_transformer::test_incremental_decoding_gives_the_full_pass_logits",
         },
