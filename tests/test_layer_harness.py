@@ -77,11 +77,13 @@ def attention_case(name, make_layer):
 
 
 def extra_padding(token_ids):
+    """Three more padding columns."""
     return np.pad(token_ids, [(0, 0), (0, 3)])
 
 
 def source_inputs(rng):
-    return {"source_ids": (rng.integers(4, VOCAB, size=SOURCE_MASK.shape) * SOURCE_MASK)}
+    source_ids = rng.integers(4, VOCAB, size=SOURCE_MASK.shape) * SOURCE_MASK
+    return {"source_ids": source_ids.astype("int32")}
 
 
 def encoder_case(name, **options):
