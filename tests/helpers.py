@@ -8,10 +8,27 @@ import sys
 import numpy as np
 import tensorflow as tf
 
+import layers
 from pipeline.config import PROJECT_ROOT
 from pipeline.workdir import load_trained
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
+
+# Every attention layer configuration the tests cover, for queries and a memory of 8 features.
+ATTENTION_FACTORIES = {
+    "bahdanau": lambda: layers.BahdanauAttention(6),
+    "bahdanau_normalized": lambda: layers.BahdanauAttention(6, normalize=True),
+    "luong_dot": lambda: layers.LuongAttention("dot"),
+    "luong_general": lambda: layers.LuongAttention("general"),
+    "luong_general_scaled": lambda: layers.LuongAttention("general", scale=True),
+    "luong_concat": lambda: layers.LuongAttention("concat", units=5),
+    "scaled_dot": lambda: layers.ScaledDotProductAttention(),
+    "scaled_dot_projected": lambda: layers.ScaledDotProductAttention(4, project_values=True),
+    "multi_head": lambda: layers.MultiHeadCrossAttention(num_heads=2, key_dim=4),
+    "scaled_dot_qk_norm": lambda: layers.ScaledDotProductAttention(4, qk_norm=True),
+    "multi_head_qk_norm": lambda: layers.MultiHeadCrossAttention(2, 4, qk_norm=True),
+    "multi_head_one_qk_norm": lambda: layers.MultiHeadCrossAttention(1, 4, qk_norm=True),
+}
 
 
 def reversal_data(rng, n, vocab_size=20, max_len=8):
@@ -28,29 +45,6 @@ def reversal_data(rng, n, vocab_size=20, max_len=8):
         target_out[i, :length] = tokens[::-1]
         target_out[i, length] = EOS
     return {"source_ids": source, "target_input_ids": target_in}, target_out
-
-
-def gradients_of(layer_fn, variables):
-    """Gradients of a random projection of `layer_fn()` with respect to `variables`."""
-    with tf.GradientTape() as tape:
-        tape.watch(variables)
-        outputs = tf.nest.flatten(layer_fn())
-        loss = 0.0
-        for i, out in enumerate(outputs):
-            if out is None or not out.dtype.is_floating:
-                continue
-            projection = tf.random.stateless_normal(tf.shape(out), seed=(i, 7))
-            loss += tf.reduce_sum(out * projection)
-    return tape.gradient(loss, variables)
-
-
-def assert_gradients_reach(layer_fn, layer):
-    variables = [v.value for v in layer.trainable_variables]
-    assert variables, f"{layer.name} has no trainable variables"
-    grads = gradients_of(layer_fn, variables)
-    for variable, grad in zip(layer.trainable_variables, grads):
-        assert grad is not None, f"no gradient reaches {variable.path}"
-        assert float(tf.reduce_max(tf.abs(grad))) > 0, f"zero gradient at {variable.path}"
 
 
 def real_sentences(n, split="test_2016_flickr"):

@@ -1,30 +1,16 @@
-"""Attention layers: shapes, masking, the seeds' score functions, serialisation, gradients."""
+"""Attention layers: shapes, Keras masks, beams, the seeds' score functions. Masking, both query
+ranks, serialisation and gradients: test_layer_harness."""
 
 import math
 
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import layers
-from helpers import assert_gradients_reach, gradients_of
+from helpers import ATTENTION_FACTORIES
 
 DIM = 8
-FACTORIES = {
-    "bahdanau": lambda: layers.BahdanauAttention(6),
-    "bahdanau_normalized": lambda: layers.BahdanauAttention(6, normalize=True),
-    "luong_dot": lambda: layers.LuongAttention("dot"),
-    "luong_general": lambda: layers.LuongAttention("general"),
-    "luong_general_scaled": lambda: layers.LuongAttention("general", scale=True),
-    "luong_concat": lambda: layers.LuongAttention("concat", units=5),
-    "scaled_dot": lambda: layers.ScaledDotProductAttention(),
-    "scaled_dot_projected": lambda: layers.ScaledDotProductAttention(4, project_values=True),
-    "multi_head": lambda: layers.MultiHeadCrossAttention(num_heads=2, key_dim=4),
-    "scaled_dot_qk_norm": lambda: layers.ScaledDotProductAttention(4, qk_norm=True),
-    "multi_head_qk_norm": lambda: layers.MultiHeadCrossAttention(2, 4, qk_norm=True),
-    "multi_head_one_qk_norm": lambda: layers.MultiHeadCrossAttention(1, 4, qk_norm=True),
-}
 MASK = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], bool)
 
 
@@ -36,9 +22,9 @@ def inputs(rng):
     return memory, step_query, all_queries
 
 
-@pytest.fixture(params=sorted(FACTORIES))
+@pytest.fixture(params=sorted(ATTENTION_FACTORIES))
 def attention(request):
-    return FACTORIES[request.param]()
+    return ATTENTION_FACTORIES[request.param]()
 
 
 def test_public_names():
@@ -64,23 +50,6 @@ def test_shapes_for_both_query_ranks(attention, inputs):
     assert (tuple(context.shape), tuple(weights.shape)) == expected
 
 
-def test_weights_are_a_distribution_over_unmasked_positions(attention, inputs):
-    memory, _, all_queries = inputs
-    _, weights = attention(all_queries, memory, memory_mask=MASK)
-    weights = np.asarray(weights)
-    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-6)
-    assert np.all(weights[~np.broadcast_to(MASK[:, None, :], weights.shape)] == 0.0)
-    assert np.all(weights >= 0.0)
-
-
-def test_padded_memory_does_not_change_the_context(attention, inputs, rng):
-    memory, _, all_queries = inputs
-    context, _ = attention(all_queries, memory, memory_mask=MASK)
-    noisy = np.where(MASK[..., None], memory, rng.normal(size=memory.shape) * 100).astype("float32")
-    noisy_context, _ = attention(all_queries, noisy, memory_mask=MASK)
-    np.testing.assert_allclose(context, noisy_context, atol=1e-5)
-
-
 def test_keras_mask_on_memory_is_used(attention, inputs):
     memory, step_query, _ = inputs
     expected, _ = attention(step_query, memory, memory_mask=MASK)
@@ -88,16 +57,6 @@ def test_keras_mask_on_memory_is_used(attention, inputs):
     context, weights = attention(step_query, masked_memory)
     np.testing.assert_allclose(context, expected, atol=1e-6)
     assert np.all(np.asarray(weights)[~MASK] == 0.0)
-
-
-def test_one_step_equals_the_batched_call(attention, inputs):
-    memory, _, all_queries = inputs
-    batched_context, batched_weights = attention(all_queries, memory, memory_mask=MASK)
-    cache = attention.precompute(memory)
-    for t in range(all_queries.shape[1]):
-        context, weights = attention.attend(all_queries[:, t], cache, MASK)
-        np.testing.assert_allclose(context, batched_context[:, t], atol=1e-5)
-        np.testing.assert_allclose(weights, batched_weights[:, t], atol=1e-6)
 
 
 def test_a_step_with_k_queries_per_source_equals_repeating_the_memory(attention, inputs):
@@ -114,30 +73,6 @@ def test_a_step_with_k_queries_per_source_equals_repeating_the_memory(attention,
     assert context.shape == (3 * k, DIM) and weights.shape == (3 * k, 5)
     np.testing.assert_allclose(context, tiled_context, atol=1e-5)
     np.testing.assert_allclose(weights, tiled_weights, atol=1e-6)
-
-
-def test_config_round_trip(attention, inputs):
-    memory, step_query, _ = inputs
-    context, _ = attention(step_query, memory, memory_mask=MASK)
-    config = keras.saving.serialize_keras_object(attention)
-    clone = keras.saving.deserialize_keras_object(config)
-    assert type(clone) is type(attention)
-    assert clone.get_config() == attention.get_config()
-    clone(step_query, memory, memory_mask=MASK)
-    clone.set_weights(attention.get_weights())
-    np.testing.assert_allclose(clone(step_query, memory, memory_mask=MASK)[0], context, atol=1e-6)
-
-
-def test_gradients_reach_every_weight_and_both_inputs(attention, inputs):
-    memory, _, all_queries = inputs
-    query, memory = tf.constant(all_queries), tf.constant(memory)
-    attention(query, memory, memory_mask=MASK)
-    if attention.trainable_variables:
-        assert_gradients_reach(lambda: attention(query, memory, memory_mask=MASK), attention)
-    else:
-        assert type(attention).__name__ in ("LuongAttention", "ScaledDotProductAttention")
-    grads = gradients_of(lambda: attention(query, memory, memory_mask=MASK), [query, memory])
-    assert all(float(tf.reduce_max(tf.abs(g))) > 0 for g in grads)
 
 
 # The seeds' score functions, checked against numpy.

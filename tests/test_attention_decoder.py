@@ -1,11 +1,9 @@
 """AttentionDecoder: teacher forcing agrees with step-by-step decoding, in every mode."""
 
-import keras
 import numpy as np
 import pytest
 
 import layers
-from helpers import assert_gradients_reach
 
 TARGET = np.array([[2, 5, 6, 7], [2, 9, 0, 0], [2, 4, 4, 0]], np.int32)
 MEMORY_MASK = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], bool)
@@ -75,10 +73,6 @@ def test_teacher_forcing_equals_step_by_step(memory, attention, input_feeding, c
     else:
         assert weights.shape == (3, 4, 5)
         np.testing.assert_allclose(weights, step_weights, atol=1e-6)
-        np.testing.assert_allclose(np.asarray(weights).sum(-1), 1.0, atol=1e-6)
-        assert np.all(
-            np.asarray(weights)[~np.broadcast_to(MEMORY_MASK[:, None], weights.shape)] == 0
-        )
 
 
 def test_sampling_probability_zero_is_teacher_forcing(memory):
@@ -97,15 +91,6 @@ def test_sampling_probability_one_feeds_model_samples(memory):
     assert not np.allclose(forced[:, 1:], sampled[:, 1:])
 
 
-@pytest.mark.parametrize("input_feeding", [True, False])
-def test_gradients_reach_every_weight(memory, input_feeding):
-    decoder = make_decoder("bahdanau", input_feeding=input_feeding)
-    decoder(TARGET, memory, memory_mask=MEMORY_MASK)
-    assert_gradients_reach(
-        lambda: decoder(TARGET, memory, memory_mask=MEMORY_MASK, training=True)[0], decoder
-    )
-
-
 def test_input_feeding_widens_the_first_layer(memory):
     fed = make_decoder("luong", input_feeding=True, num_layers=1)
     plain = make_decoder("luong", input_feeding=False, num_layers=1)
@@ -113,17 +98,6 @@ def test_input_feeding_widens_the_first_layer(memory):
     plain(TARGET, memory)
     assert fed.recurrent_layers[0].cell.kernel.shape == (5 + 8, 32)
     assert plain.recurrent_layers[0].cell.kernel.shape == (5, 32)
-
-
-def test_config_round_trip(memory):
-    decoder = make_decoder("multi_head", input_feeding=True, dropout=0.1, attention_vector_size=6)
-    logits, _ = decoder(TARGET, memory, memory_mask=MEMORY_MASK)
-    clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(decoder))
-    assert clone.get_config() == decoder.get_config()
-    assert isinstance(clone.attention, layers.MultiHeadCrossAttention)
-    clone(TARGET, memory, memory_mask=MEMORY_MASK)
-    clone.set_weights(decoder.get_weights())
-    np.testing.assert_allclose(clone(TARGET, memory, memory_mask=MEMORY_MASK)[0], logits, atol=1e-5)
 
 
 def test_input_feeding_needs_attention():

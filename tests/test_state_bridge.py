@@ -1,11 +1,9 @@
-"""StateBridge: dense, copy and zero bridges."""
+"""StateBridge: dense, copy and zero bridges (serialisation and gradients: test_layer_harness)."""
 
-import keras
 import numpy as np
 import pytest
 
 import layers
-from helpers import assert_gradients_reach
 
 SOURCE_STATES = (
     (np.ones((3, 6), "float32"), np.full((3, 6), 2.0, "float32")),
@@ -19,7 +17,6 @@ def test_dense_bridge_maps_any_structure():
     assert [[tuple(s.shape) for s in layer] for layer in states] == [[(3, 5)]]
     assert bridge.projection.kernel.shape == (24, 5)
     assert np.all(np.abs(np.asarray(states[0][0])) <= 1.0)  # tanh
-    assert_gradients_reach(lambda: bridge(SOURCE_STATES), bridge)
 
 
 def test_copy_bridge_passes_states_through():
@@ -41,10 +38,8 @@ def test_zero_bridge():
     assert all(np.all(np.asarray(s) == 0) and s.shape == (3, 4) for s in states[0])
 
 
-def test_config_round_trip():
-    bridge = layers.StateBridge("dense", target_state_sizes=((5, 5), (5, 5)))
-    clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(bridge))
-    assert clone.get_config() == bridge.get_config()
-    assert clone.target_state_sizes == ((5, 5), (5, 5))
+def test_state_sizes_become_tuples_and_bad_bridges_are_refused():
+    """A config read back from JSON gives lists."""
+    assert layers.StateBridge("dense", [[5, 5], [5]]).target_state_sizes == ((5, 5), (5,))
     with pytest.raises(ValueError, match="bridge"):
         layers.StateBridge("mlp")
