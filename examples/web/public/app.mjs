@@ -6,9 +6,8 @@ const MODEL_DIRECTORY = new URL("model/", document.baseURI);
 const element = (id) => document.getElementById(id);
 const app = element("app");
 let translator;
-let modelDescription; // shown in the status line while the page is ready
-let hypotheses = [];
-let sourcePieces = [];
+let modelDescription; // the status line while the page is ready
+let shown = { sourcePieces: [], hypotheses: [] }; // the last translation
 
 function languageName(code) {
   if (!code) return null;
@@ -19,6 +18,7 @@ function languageName(code) {
   }
 }
 
+// `state`: loading, ready, translating or error; the tests wait on it (app's data-state).
 function setStatus(text, state) {
   element("status").textContent = text;
   element("status").classList.toggle("error", state === "error");
@@ -32,21 +32,21 @@ function showLanguages({ source, target }) {
   element("target-label").textContent = targetName ?? "Translation";
 }
 
-function cell(tag, text, className) {
-  const node = document.createElement(tag);
-  node.textContent = text;
-  if (className) node.className = className;
-  return node;
+function node(tag, text, className) {
+  const created = document.createElement(tag);
+  created.textContent = text;
+  if (className) created.className = className;
+  return created;
 }
 
 function showNBest() {
-  const rows = hypotheses.map((hypothesis, rank) => {
+  const rows = shown.hypotheses.map((hypothesis, rank) => {
     const row = document.createElement("tr");
     row.dataset.score = String(hypothesis.score);
     row.append(
-      cell("td", String(rank + 1), "rank"),
-      cell("td", hypothesis.text, "hypothesis"),
-      cell("td", hypothesis.score.toFixed(3), "number"),
+      node("td", String(rank + 1), "rank"),
+      node("td", hypothesis.text, "hypothesis"),
+      node("td", hypothesis.score.toFixed(3), "number"),
     );
     row.addEventListener("click", () => showAttention(rank));
     return row;
@@ -56,40 +56,57 @@ function showNBest() {
 
 // Rows: the hypothesis' pieces; columns: the source pieces; darker where the decoder looked.
 function showAttention(rank) {
-  const heatmap = element("heatmap");
   for (const [index, row] of [...element("nbest").tBodies[0].rows].entries()) {
     row.classList.toggle("selected", index === rank);
   }
-  const hypothesis = hypotheses[rank];
+  const hypothesis = shown.hypotheses[rank];
+  element("attention-of").textContent = hypothesis ? `of hypothesis ${rank + 1}` : "";
   if (!hypothesis) {
-    heatmap.replaceChildren();
-    element("attention-of").textContent = "";
+    element("heatmap").replaceChildren();
     return;
   }
-  element("attention-of").textContent = `of hypothesis ${rank + 1}`;
-  const sourceLabels = sourcePieces.map(pieceLabel);
-  heatmap.style.setProperty("--columns", sourceLabels.length);
-  const nodes = [cell("div", "", "corner")];
-  for (const label of sourceLabels) nodes.push(cell("div", label, "column-label"));
+  const sourceLabels = shown.sourcePieces.map(pieceLabel);
+  const nodes = [node("div", "", "corner")];
+  for (const label of sourceLabels) nodes.push(node("div", label, "column-label"));
   hypothesis.attention.forEach((weights, row) => {
     const targetLabel = pieceLabel(hypothesis.targetPieces[row]);
-    nodes.push(cell("div", targetLabel, "row-label"));
+    nodes.push(node("div", targetLabel, "row-label"));
     weights.forEach((weight, column) => {
-      const square = cell("div", "", "cell");
+      const square = node("div", "", "cell");
       square.style.setProperty("--weight", `${(100 * weight).toFixed(1)}%`);
       square.title = `${sourceLabels[column]} → ${targetLabel}: ${weight.toFixed(3)}`;
       nodes.push(square);
     });
   });
-  heatmap.replaceChildren(...nodes);
+  element("heatmap").style.setProperty("--columns", sourceLabels.length);
+  element("heatmap").replaceChildren(...nodes);
 }
 
 function readOptions() {
   const beamSize = Number(element("beam-size").value);
   const lengthPenalty = Number(element("length-penalty").value);
-  if (!Number.isInteger(beamSize) || beamSize < 1) throw new Error("The beam size is a whole number from 1.");
-  if (!Number.isFinite(lengthPenalty) || lengthPenalty < 0) throw new Error("The length penalty is a number from 0.");
+  if (!Number.isInteger(beamSize) || beamSize < 1) {
+    throw new Error("The beam size is a whole number from 1.");
+  }
+  if (!Number.isFinite(lengthPenalty) || lengthPenalty < 0) {
+    throw new Error("The length penalty is a number from 0.");
+  }
   return { beamSize, lengthPenalty };
+}
+
+function describe({ sourcePieces, hypotheses, cutFrom }, milliseconds) {
+  const best = hypotheses[0];
+  const details = best
+    ? [
+        `score ${best.score.toFixed(3)}`,
+        `${sourcePieces.length} → ${best.targetPieces.length} pieces`,
+        `${Math.round(milliseconds)} ms`,
+      ]
+    : ["Nothing to translate: the input has no pieces."];
+  if (cutFrom !== null) {
+    details.push(`input cut from ${cutFrom} to ${sourcePieces.length} pieces (the model's limit)`);
+  }
+  return details.join(" · ");
 }
 
 async function translate(text) {
@@ -98,19 +115,9 @@ async function translate(text) {
   delete element("result").dataset.source; // set again, to `text`, once it is shown
   try {
     const start = performance.now();
-    const result = await translator.translate(text, readOptions());
-    const milliseconds = performance.now() - start;
-    ({ hypotheses, sourcePieces } = result);
-    const best = hypotheses[0];
-    element("translation").textContent = best ? best.text : "";
-    const details = best
-      ? [`score ${best.score.toFixed(3)}`, `${sourcePieces.length} → ${best.targetPieces.length} pieces`,
-         `${Math.round(milliseconds)} ms`]
-      : ["Nothing to translate: the input has no pieces."];
-    if (result.cutFrom !== null) {
-      details.push(`input cut from ${result.cutFrom} to ${sourcePieces.length} pieces (the model's limit)`);
-    }
-    element("details").textContent = details.join(" · ");
+    shown = await translator.translate(text, readOptions());
+    element("translation").textContent = shown.hypotheses[0]?.text ?? "";
+    element("details").textContent = describe(shown, performance.now() - start);
     showNBest();
     showAttention(0);
     element("result").dataset.source = text;
@@ -130,9 +137,10 @@ async function start() {
     setStatus(`Cannot load the model from ${MODEL_DIRECTORY.pathname}: ${error.message}`, "error");
     return;
   }
-  const { metadata } = translator;
+  const { metadata, threads } = translator;
   const seconds = ((performance.now() - startTime) / 1000).toFixed(1);
-  modelDescription = `${metadata.model} (opset ${metadata.opset}) loaded in ${seconds} s`;
+  modelDescription = `${metadata.model} (opset ${metadata.opset}) loaded in ${seconds} s · ` +
+    `WebAssembly, ${threads} thread${threads === 1 ? "" : "s"}`;
   showLanguages(metadata.languages ?? {});
   element("beam-size").value = metadata.defaults.beam_size;
   element("length-penalty").value = metadata.defaults.length_penalty;
@@ -144,7 +152,8 @@ async function start() {
 
 element("translate-form").addEventListener("submit", (event) => {
   event.preventDefault();
-  translate(element("source").value);
+  // One search at a time: a session runs one request at once.
+  if (app.dataset.state !== "translating") translate(element("source").value);
 });
 // Enter translates, as in a chat box; Shift+Enter starts a new line.
 element("source").addEventListener("keydown", (event) => {

@@ -41,15 +41,17 @@ export class Translator {
     const metadata = JSON.parse(await fetchText(new URL("model.json", base).href));
     const missing = REQUIRED_KEYS.filter((key) => !(key in metadata));
     if (missing.length > 0) {
-      throw new Error(`model.json has no ${missing[0]}: export the model again with python -m export`);
+      throw new Error(`model.json has no ${missing[0]}: export the model again (python -m export)`);
     }
     const url = (name) => new URL(name, base).href;
     const optionNames = Object.keys(metadata.defaults);
     // All settled, so that a missing file is reported in this order whatever loads first.
     const loaded = await Promise.allSettled([
       fetchBytes(url(metadata.model)).then((bytes) =>
+        // logSeverityLevel 3: target_prefix is an input with a default by design, not a problem.
         ort.InferenceSession.create(dropInitializers(bytes, optionNames), {
           executionProviders: ["wasm"],
+          logSeverityLevel: 3,
         }),
       ),
       loadProcessor(url(metadata.source_vocabulary)),
@@ -64,6 +66,12 @@ export class Translator {
 
   constructor(metadata, session, source, target, sourcePieces, targetPieces) {
     Object.assign(this, { metadata, session, source, target, sourcePieces, targetPieces });
+  }
+
+  // How many threads the WebAssembly backend runs on: more than one only where the page is
+  // cross-origin isolated (serve.mjs sends the headers) and the machine has cores to spare.
+  get threads() {
+    return ort.env.wasm.numThreads;
   }
 
   // The n-best hypotheses of `text`, best first, each with its text, score, target pieces
