@@ -20,7 +20,12 @@ from export.serving_check import read_meta_graph, unsupported_ops
 from export.serving_graph import TranslationGraph
 from export.signature import METADATA_FILE
 from pipeline import library_output
-from pipeline.config import DEFAULT_EXPORT_FORMATS, check_formats_fit_model, parse_export_formats
+from pipeline.config import (
+    DEFAULT_EXPORT_FORMATS,
+    check_formats_fit_model,
+    model_languages,
+    parse_export_formats,
+)
 from pipeline.errors import UserError
 from pipeline.tokenizer import vocabulary_paths
 from pipeline.workdir import load_trained, write_directory_atomically
@@ -55,10 +60,11 @@ def export_saved_model(graph, output, model_name, version, log=print):
     return target
 
 
-def export_onnx(graph, workdir, output, opset, int8=True, log=print):
+def export_onnx(graph, workdir, output, opset, int8=True, log=print, languages=None):
     target = Path(output) / "onnx"
     write_directory_atomically(
-        target, lambda tmp: write_onnx(graph, tmp, vocabulary_paths(workdir), opset, int8)
+        target,
+        lambda tmp: write_onnx(graph, tmp, vocabulary_paths(workdir), opset, int8, languages),
     )
     also = " and model.int8.onnx" if int8 else ""
     files = f"vocabularies and {METADATA_FILE}"
@@ -113,8 +119,9 @@ def export_model(
             paths["saved_model"] = export_saved_model(graph, output, model_name, version, log)
         if "onnx" in formats:
             paths["onnx"] = export_onnx(
-                graph, workdir, output, settings["onnx_opset"], settings["onnx_int8"], log
-            )
+                graph, workdir, output, settings["onnx_opset"], settings["onnx_int8"], log,
+                model_languages(config["data"]),
+            )  # fmt: skip
         if "ctranslate2" in formats:
             paths["ctranslate2"] = export_ctranslate2(
                 model, workdir, output, settings["ctranslate2_quantization"], log

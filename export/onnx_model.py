@@ -4,7 +4,8 @@
 dynamic), optionally `model.int8.onnx` (the same with int8 weights in every matrix product,
 quantised dynamically by onnxruntime: faster, with translations that may differ a
 little), the source and target SentencePiece vocabularies (`.model` and plain `.vocab`) and
-`model.json`: special token ids, the search options' defaults and dtypes, and the file names.
+`model.json`: special token ids, the search options' defaults and dtypes, the file names and the
+languages (`pipeline.config.model_languages`: the sides known).
 The scalar inputs (`export.signature.SEARCH_OPTIONS`) carry their defaults as initializers,
 so ONNX Runtime lets a caller leave them out.
 """
@@ -45,9 +46,9 @@ def write_int8(source, target):
     )
 
 
-def write_onnx(graph, directory, vocabulary_paths, opset, int8=True):
+def write_onnx(graph, directory, vocabulary_paths, opset, int8=True, languages=None):
     """Converts `graph.beam_search` (a `TranslationGraph`) into `directory`, with its int8
-    twin if `int8`."""
+    twin if `int8`; `languages`: {"source": code, "target": code}, the sides known."""
     model, _ = tf2onnx.convert.from_function(
         graph.beam_search, input_signature=graph.beam_search.input_signature, opset=opset
     )
@@ -68,6 +69,7 @@ def write_onnx(graph, directory, vocabulary_paths, opset, int8=True):
         "model": MODEL_FILE,
         "int8_model": INT8_MODEL_FILE if int8 else None,
         **files,
+        "languages": languages or {},
         "special_ids": {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID},
         "defaults": graph.defaults,
         "option_dtypes": {option.name: option.dtype for option in SEARCH_OPTIONS},

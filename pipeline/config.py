@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import difflib
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,10 @@ SCHEMA = {
         "shared_vocabulary": Field(bool, False),
         "max_source_length": _positive_int(100),
         "max_target_length": _positive_int(100),
+        # The languages' codes, stated in the ONNX export's model.json; null: from the training
+        # files' names where they end in a two-letter code (train.de.gz -> de, train.pt_BR).
+        "source_language": Field(str, None, nullable=True),
+        "target_language": Field(str, None, nullable=True),
     },
     "model": {
         "type": Field(str, "rnn", choices=("rnn", "transformer")),
@@ -189,9 +194,12 @@ SCHEMA = {
 RELOCATABLE_DATA_KEYS = (
     "train_source", "train_target", "train_tsv", "valid_source", "valid_target", "valid_tsv",
     "test_source", "test_target", "test_tsv", "train_corpora", "skip_bad_lines",
-    "vocab_sample_size", "source_vocabulary", "target_vocabulary",
+    "vocab_sample_size", "source_vocabulary", "target_vocabulary", "source_language",
+    "target_language",
 )  # fmt: skip
 CORPUS_KEYS = {"source", "target", "tsv", "weight"}
+# A file name's language code: two letters, maybe a region or script, before any .gz.
+LANGUAGE_SUFFIX = re.compile(r"\.([a-z]{2}(?:[_-][A-Za-z]{2,4})?)(?:\.gz)?$")
 
 
 def defaults():
@@ -288,6 +296,24 @@ def _check_corpora(corpora, where, base_dir):
                                       base_dir)  # fmt: skip
         checked.append(entry)
     return checked
+
+
+def _language_suffix(path):
+    match = LANGUAGE_SUFFIX.search(Path(path).name)
+    return match[1] if match else None
+
+
+def model_languages(data):
+    """{"source": code, "target": code}: each side's `data.<side>_language`, else the language
+    suffix its training files all share (train.de.gz -> de); a side with neither is left out."""
+    found = {}
+    for side in ("source", "target"):
+        paths = [data[f"train_{side}"]] + [c.get(side) for c in data["train_corpora"] or []]
+        codes = {_language_suffix(path) for path in paths if path}
+        code = data[f"{side}_language"] or (codes.pop() if len(codes) == 1 else None)
+        if code:
+            found[side] = code
+    return found
 
 
 def parse_overrides(assignments):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import PROJECT_ROOT, load_config, parse_overrides
+from pipeline.config import PROJECT_ROOT, load_config, model_languages, parse_overrides
 from pipeline.errors import UserError
 
 CONFIGS = sorted((PROJECT_ROOT / "configs").glob("*.yaml"))
@@ -106,6 +106,25 @@ def test_corpora_paths_and_weights(tmp_path):
          "target": str(tmp_path / "x/*.en.gz")},
         {"weight": 3.0, "tsv": str(tmp_path / "in-domain.tsv")},
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "data, expected",
+    [
+        ("train_source: a.de\n  train_target: a.en", {"source": "de", "target": "en"}),
+        ("train_source: x/train-*.pt_BR.gz\n  train_target: x/train-*.en.gz",
+         {"source": "pt_BR", "target": "en"}),
+        ("train_source: a.src\n  train_target: a.en\n  source_language: de",
+         {"source": "de", "target": "en"}),
+        ("train_source: a.txt\n  train_target: b.txt", {}),
+        ("train_tsv: a.tsv\n  target_language: en", {"target": "en"}),
+        ("train_corpora:\n    - {source: a.de, target: a.en}\n    - {source: b.de, target: b.fr}",
+         {"source": "de"}),
+    ],
+)  # fmt: skip
+def test_languages_are_configured_or_read_from_the_training_file_names(tmp_path, data, expected):
+    config = load_config(write(tmp_path, f"data:\n  {data}\n"))
+    assert model_languages(config["data"]) == expected
 
 
 def test_missing_config_file(tmp_path):

@@ -1,0 +1,128 @@
+// An exported model in the browser: onnxruntime-web (WebAssembly) runs model.onnx, a
+// WebAssembly SentencePiece tokenises with the exported vocabularies. Everything the page
+// needs to know about the model comes from its model.json.
+import * as ort from "onnxruntime-web";
+import { SentencePieceProcessor } from "@sctg/sentencepiece-js";
+import { fetchBytes, fetchFile } from "./node-builtins.mjs";
+import { dropInitializers } from "./onnx-protobuf.mjs";
+
+// What the page reads from model.json; an export without one of them is too old.
+const REQUIRED_KEYS = [
+  "model", "source_vocabulary", "target_vocabulary", "special_ids", "defaults",
+  "option_dtypes", "max_source_length",
+];
+
+async function fetchText(url) {
+  return new TextDecoder().decode(await fetchBytes(url));
+}
+
+async function loadProcessor(url) {
+  const processor = new SentencePieceProcessor();
+  await fetchFile(url);
+  await processor.load(url);
+  return processor;
+}
+
+// SentencePiece writes NAME.vocab beside NAME.model, one "piece<TAB>score" line per id; the
+// WebAssembly build has no id -> piece lookup, and the heatmap labels need the pieces.
+async function loadPieces(modelUrl) {
+  const text = await fetchText(modelUrl.replace(/\.model$/, ".vocab"));
+  return text.split("\n").map((line) => line.split("\t")[0]);
+}
+
+// Drops SentencePiece's word-start mark so that labels read as text (as attention_plot.py).
+export function pieceLabel(piece) {
+  return piece.replaceAll("\u2581", "") || "\u2423";
+}
+
+export class Translator {
+  // `base`: the URL of an export's onnx/ directory, ending in "/".
+  static async load(base) {
+    const metadata = JSON.parse(await fetchText(new URL("model.json", base).href));
+    const missing = REQUIRED_KEYS.filter((key) => !(key in metadata));
+    if (missing.length > 0) {
+      throw new Error(`model.json has no ${missing[0]}: export the model again (python -m export)`);
+    }
+    const url = (name) => new URL(name, base).href;
+    const optionNames = Object.keys(metadata.defaults);
+    // All settled, so that a missing file is reported in this order whatever loads first.
+    const loaded = await Promise.allSettled([
+      fetchBytes(url(metadata.model)).then((bytes) =>
+        // logSeverityLevel 3: target_prefix is an input with a default by design, not a problem.
+        ort.InferenceSession.create(dropInitializers(bytes, optionNames), {
+          executionProviders: ["wasm"],
+          logSeverityLevel: 3,
+        }),
+      ),
+      loadProcessor(url(metadata.source_vocabulary)),
+      loadProcessor(url(metadata.target_vocabulary)),
+      loadPieces(url(metadata.source_vocabulary)),
+      loadPieces(url(metadata.target_vocabulary)),
+    ]);
+    const failed = loaded.find(({ status }) => status === "rejected");
+    if (failed) throw failed.reason;
+    return new Translator(metadata, ...loaded.map(({ value }) => value));
+  }
+
+  constructor(metadata, session, source, target, sourcePieces, targetPieces) {
+    Object.assign(this, { metadata, session, source, target, sourcePieces, targetPieces });
+  }
+
+  // How many threads the WebAssembly backend runs on: more than one only where the page is
+  // cross-origin isolated (serve.mjs sends the headers) and the machine has cores to spare.
+  get threads() {
+    return ort.env.wasm.numThreads;
+  }
+
+  // The n-best hypotheses of `text`, best first, each with its text, score, target pieces
+  // (</s> included where it ended) and attention rows over the source pieces. Sources are
+  // cut at max_source_length pieces, and an empty one gives no hypotheses (an empty
+  // translation), as in the Python runtime.
+  async translate(text, { beamSize, lengthPenalty }) {
+    const { pad, eos } = this.metadata.special_ids;
+    const allIds = this.source.encodeIds(text);
+    const sourceIds = allIds.slice(0, this.metadata.max_source_length);
+    const result = {
+      sourcePieces: sourceIds.map((id) => this.sourcePieces[id]),
+      cutFrom: allIds.length > sourceIds.length ? allIds.length : null,
+      hypotheses: [],
+    };
+    if (sourceIds.length === 0) return result;
+    // Every search option is an input the page must give (see onnx-protobuf.mjs).
+    const options = {
+      ...this.metadata.defaults,
+      beam_size: beamSize,
+      n_best: beamSize,
+      length_penalty: lengthPenalty,
+    };
+    const feeds = {
+      source_ids: new ort.Tensor("int32", Int32Array.from(sourceIds), [1, sourceIds.length]),
+    };
+    for (const [name, value] of Object.entries(options)) {
+      const dtype = this.metadata.option_dtypes[name];
+      const data = dtype === "float32" ? Float32Array.from([value]) : Int32Array.from([value]);
+      feeds[name] = new ort.Tensor(dtype, data, []);
+    }
+    const output = await this.session.run(feeds);
+    const [, nBest, width] = output.ids.dims;
+    const columns = sourceIds.length;
+    for (let n = 0; n < nBest; n++) {
+      const ids = Array.from(output.ids.data.slice(n * width, (n + 1) * width));
+      const length = output.lengths.data[n];
+      const end = ids.indexOf(eos);
+      const words = (end < 0 ? ids : ids.slice(0, end)).filter((id) => id !== pad);
+      const attention = [];
+      for (let row = 0; row < length; row++) {
+        const start = (n * width + row) * columns;
+        attention.push(Array.from(output.attention.data.slice(start, start + columns)));
+      }
+      result.hypotheses.push({
+        text: this.target.decodeIds(words),
+        score: output.scores.data[n],
+        targetPieces: ids.slice(0, length).map((id) => this.targetPieces[id]),
+        attention,
+      });
+    }
+    return result;
+  }
+}

@@ -1,0 +1,93 @@
+// Drives the page in a headless browser, as a person would: types each sentence, presses
+// Enter and reads what the page shows. Prints one JSON object per sentence, as a JSON array.
+//
+//   node test/drive.mjs URL --browser /usr/bin/chromium [--beam-size K] [--screenshot PNG]
+//     SENTENCE...
+//
+// puppeteer-core downloads no browser: --browser names the one to run. The screenshot is
+// taken after the last sentence.
+import puppeteer from "puppeteer-core";
+
+function parseArgs(argv) {
+  const args = { sentences: [] };
+  for (let i = 0; i < argv.length; i++) {
+    if (argv[i] === "--browser") args.browser = argv[++i];
+    else if (argv[i] === "--beam-size") args.beamSize = argv[++i];
+    else if (argv[i] === "--screenshot") args.screenshot = argv[++i];
+    else if (args.url === undefined) args.url = argv[i];
+    else args.sentences.push(argv[i]);
+  }
+  if (args.url === undefined || args.browser === undefined) {
+    console.error("usage: node test/drive.mjs URL --browser PATH [--beam-size K] " +
+      "[--screenshot PNG] SENTENCE...");
+    process.exit(2);
+  }
+  return args;
+}
+
+// Waits until the page is ready (or has failed: then its status line is the error).
+async function waitUntilReady(page, translated) {
+  await page.waitForFunction(
+    (source) => {
+      const state = document.getElementById("app").dataset.state;
+      const shown = document.getElementById("result").dataset.source;
+      return state === "error" || (state === "ready" && (source === null || shown === source));
+    },
+    { timeout: 60_000 },
+    translated,
+  );
+  const status = await page.$eval("#app", (app) => app.dataset.state);
+  if (status === "error") throw new Error(await page.$eval("#status", (line) => line.textContent));
+}
+
+async function setField(page, selector, text) {
+  await page.$eval(selector, (field) => {
+    field.value = "";
+  });
+  await page.type(selector, text);
+}
+
+// What the page shows for the sentence it translated last.
+function readResult() {
+  const text = (id) => document.getElementById(id).textContent;
+  const heatmap = document.getElementById("heatmap");
+  return {
+    translation: text("translation"),
+    details: text("details"),
+    nBest: [...document.querySelectorAll("#nbest tbody tr")].map((row) => ({
+      text: row.cells[1].textContent,
+      score: Number(row.dataset.score),
+    })),
+    columnLabels: [...heatmap.querySelectorAll(".column-label")].map((n) => n.textContent),
+    rowLabels: [...heatmap.querySelectorAll(".row-label")].map((n) => n.textContent),
+    cells: heatmap.querySelectorAll(".cell").length,
+    languages: text("languages"),
+  };
+}
+
+const args = parseArgs(process.argv.slice(2));
+const browser = await puppeteer.launch({
+  executablePath: args.browser,
+  // --no-sandbox: Chromium's sandbox refuses to start as root, as in containers.
+  args: ["--no-sandbox", "--headless=new"],
+  defaultViewport: { width: 1200, height: 800 },
+});
+try {
+  const page = await browser.newPage();
+  page.on("pageerror", (error) => console.error(`page error: ${error.message}`));
+  await page.goto(args.url);
+  await waitUntilReady(page, null);
+  if (args.beamSize !== undefined) await setField(page, "#beam-size", args.beamSize);
+  const results = [];
+  for (const sentence of args.sentences) {
+    await setField(page, "#source", sentence);
+    await page.focus("#source");
+    await page.keyboard.press("Enter");
+    await waitUntilReady(page, sentence);
+    results.push(await page.evaluate(readResult));
+  }
+  if (args.screenshot) await page.screenshot({ path: args.screenshot });
+  console.log(JSON.stringify(results));
+} finally {
+  await browser.close();
+}

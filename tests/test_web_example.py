@@ -1,0 +1,121 @@
+"""The browser example (examples/web) in headless Chromium: the page translates as the Python
+ONNX runtime does, shows the n-best list and the attention heatmap, handles empty and
+over-long input, and says in one line when it cannot load a model."""
+
+import contextlib
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from export.runtime import OnnxTranslator
+from helpers import real_sentences
+from pipeline.attention_plot import _label
+from pipeline.config import PROJECT_ROOT
+
+EXAMPLE = PROJECT_ROOT / "examples" / "web"
+BEAM_SIZE = 3  # not the exported default (5): the page's control must reach the model
+
+
+@pytest.fixture(scope="module")
+def tools():
+    """(node, chromium), with the example's packages installed."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    chromium = next(filter(None, map(shutil.which, ("chromium", "chromium-browser"))), None)
+    if not node or not npm or not chromium:
+        pytest.skip("node, npm and chromium are needed to test the page in a browser")
+    if not (EXAMPLE / "node_modules").is_dir():
+        install = subprocess.run(
+            [npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund"],
+            cwd=EXAMPLE, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        if install.returncode != 0:
+            pytest.skip(f"npm could not install the example's packages: {install.stderr[-500:]}")
+    return node, chromium
+
+
+@contextlib.contextmanager
+def serving(node, directory):
+    """The address of `serve.mjs` serving the page with the model in `directory`."""
+    server = subprocess.Popen(
+        [node, "serve.mjs", str(directory), "--port", "0"],
+        cwd=EXAMPLE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        address = re.search(r"http://\S+/", server.stdout.readline())
+        assert address, server.stderr.read()
+        yield address[0]
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def drive(node, chromium, address, sentences, *options):
+    """Runs test/drive.mjs: the page's results for `sentences`, typed one by one."""
+    return subprocess.run(
+        [node, "test/drive.mjs", address, "--browser", chromium, *options, *sentences],
+        cwd=EXAMPLE, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_the_page_translates_like_the_python_runtime(tools, exported_workdir, tmp_path):
+    node, chromium = tools
+    onnx_dir = exported_workdir / "export" / "onnx"
+    translator = OnnxTranslator(onnx_dir)
+    limit = translator.metadata["max_source_length"]
+    over_long = " ".join(real_sentences(40))
+    over_long_pieces = len(translator.source.encode(over_long))
+    assert over_long_pieces > limit
+    sentences = ["", over_long, *real_sentences(3)]
+    screenshot = tmp_path / "page.png"
+    with serving(node, onnx_dir) as address:
+        result = drive(node, chromium, address, sentences,
+                       "--beam-size", str(BEAM_SIZE), "--screenshot", str(screenshot))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    shown = json.loads(result.stdout)
+
+    empty, *translated = shown
+    assert empty["translation"] == "" and "Nothing to translate" in empty["details"]
+    assert empty["nBest"] == [] and empty["cells"] == 0
+    assert f"cut from {over_long_pieces} to {limit} pieces" in shown[1]["details"]
+    n_best = translator.translate_n_best(sentences[1:], BEAM_SIZE, beam_size=BEAM_SIZE)
+    best = translator.translate(sentences[1:], beam_size=BEAM_SIZE)
+    for page, expected, best_text, sentence in zip(translated, n_best, best, sentences[1:]):
+        assert page["translation"] == best_text
+        assert [h["text"] for h in page["nBest"]] == [text for text, _ in expected]
+        assert [h["score"] for h in page["nBest"]] == pytest.approx(
+            [score for _, score in expected], abs=1e-4
+        )
+        # The heatmap: a column per source piece, a row per piece of the best hypothesis
+        # (</s> included where it ended), labelled as `translate --plot` labels them.
+        source_ids = translator.encode([sentence])[0]
+        output = translator.search([source_ids], beam_size=BEAM_SIZE, n_best=BEAM_SIZE)
+        target_ids = output["ids"][0, 0, : output["lengths"][0, 0]].tolist()
+        source_pieces = translator.source.id_to_piece(source_ids)
+        target_pieces = translator.target.id_to_piece(target_ids)
+        assert page["columnLabels"] == [_label(piece) for piece in source_pieces]
+        assert page["rowLabels"] == [_label(piece) for piece in target_pieces]
+        assert page["cells"] == len(source_ids) * len(target_ids)
+    assert shown[-1]["languages"] == "German → English"  # smoke.yaml trains on val.de/val.en
+    assert screenshot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_page_says_when_it_cannot_load_the_model(tools, exported_workdir, tmp_path):
+    node, chromium = tools
+    shutil.copy(exported_workdir / "export" / "onnx" / "model.json", tmp_path)  # and nothing else
+    with serving(node, tmp_path) as address:
+        result = drive(node, chromium, address, ["Ein Hund."])
+    assert result.returncode != 0
+    assert "Cannot load the model from /model/: /model/model.onnx: 404 Not Found" in result.stderr
+
+
+def test_the_server_refuses_a_directory_without_a_model(tools, tmp_path):
+    node, _ = tools
+    result = subprocess.run(
+        [node, "serve.mjs", str(tmp_path)], cwd=EXAMPLE, capture_output=True, text=True, timeout=30
+    )
+    assert (result.returncode, result.stderr) == (
+        2, f"serve.mjs: {tmp_path}: no exported ONNX model (model.json not found)\n"
+    )  # fmt: skip
