@@ -127,22 +127,14 @@ def train_peer(workdir, steps, max_seconds=None):
     return windows, summary
 
 
-def epoch_figures(output, steps_per_epoch):
-    """(seconds a step, target tok/s) of each epoch, from its Keras progress bar's first
-    redraw at the last step ("100/100 ━━━ 8s 80ms/step - ... - tgt_tok/s: 7600.1"): Keras'
-    step time there is the mean of the epoch's steps after its first, and the epoch's end
-    (checkpoint, validation) is not yet in it."""
-    figures = []
-    output = re.sub(r"\x1b\[[0-9;]*m", "", output)  # the bar's colours
-    for chunk in re.split(r"^Epoch \d+/\d+$", output, flags=re.MULTILINE)[1:]:
-        bars = re.findall(
-            rf"\b{steps_per_epoch}/{steps_per_epoch}\b.*?(\d+)(ms|s)/step.*?tgt_tok/s: ([\d.]+)",
-            chunk,
-        )
-        if bars:
-            value, unit, tok_per_s = bars[0]
-            figures.append((float(value) / (1000 if unit == "ms" else 1), float(tok_per_s)))
-    return figures
+def epoch_figures(output):
+    """(seconds a step, target tok/s) of each epoch, from its line in the training's report
+    ("epoch 2/4: loss ..., 7,600 target tokens/s, 80 ms a step, 9 s"): the step time is the
+    mean of the epoch's steps after its first, without the epoch's end (checkpoint,
+    validation)."""
+    lines = re.findall(r"^epoch \d+/\d+: .*?([\d,]+) target tokens/s, (\d+) ms a step", output,
+                       flags=re.MULTILINE)  # fmt: skip
+    return [(int(ms) / 1000, float(tok_per_s.replace(",", ""))) for tok_per_s, ms in lines]
 
 
 def train_ours(config_path, workdir, steps_per_epoch, epochs, vocabularies=None, validate=True):
@@ -157,9 +149,9 @@ def train_ours(config_path, workdir, steps_per_epoch, epochs, vocabularies=None,
     if not validate:
         command += ["--set", "data.valid_tsv=null"]
     workdir.parent.mkdir(parents=True, exist_ok=True)
-    output = run(command, workdir.parent / f"{workdir.name}.log").replace("\r", "\n")
+    output = run(command, workdir.parent / f"{workdir.name}.log")
     training_seconds = float(re.search(r"Trained for (\d+) s", output).group(1))
-    return epoch_figures(output, steps_per_epoch), training_seconds
+    return epoch_figures(output), training_seconds
 
 
 def median_windows(figures):

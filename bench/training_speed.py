@@ -6,8 +6,8 @@ share of the CPU's peak that training reaches.
     python bench/training_speed.py --ref-tree DIR [--steps N] [--rounds R]
 
 Each variant (attention type x input feeding, and XLA) trains `--steps` steps of a fresh
-model in a subprocess (`python -m pipeline.train`); the figure is the progress bar's final
-`tgt_tok/s` (non-padding target tokens per second, first step's tracing included). FLOPs are
+model in a subprocess (`python -m pipeline.train`); the figure is the `target tokens/s` of its
+report's epoch line (non-padding target tokens per second, first step's tracing included). FLOPs are
 counted from the configuration (see `training_flops_per_target_token`); the peak is measured
 as the FLOP/s of a 4096 x 4096 float32 matmul on this machine, which is within a few percent of
 the theoretical peak of the AMD EPYC (Zen 4) here: 2 cores x 2 FMA pipes x 8 float32 lanes x 2
@@ -149,9 +149,19 @@ def train_rate(config_path, steps, overrides, tree=PROJECT_ROOT, epochs=1):
         output = subprocess.run(
             command, capture_output=True, text=True, cwd=tree, check=True
         ).stdout
-    rates = [float(re.findall(r"tgt_tok/s: ([\d.]+)", epoch)[-1])
-             for epoch in re.split(r"Epoch \d+/\d+", output)[1:]]  # fmt: skip
+    rates = epoch_rates(output)
     return rates if epochs > 1 else rates[0]
+
+
+def epoch_rates(output):
+    """Each epoch's target tokens/s in a training's output: its report line ("epoch 1/2: ...,
+    7,600 target tokens/s, ..."), or in a tree from before that line, the last redraw of
+    Keras' progress bar ("... - tgt_tok/s: 7600.1")."""
+    report = re.findall(r"^epoch \d+/\d+: .*?([\d,]+) target tokens/s", output, re.MULTILINE)
+    if report:
+        return [float(rate.replace(",", "")) for rate in report]
+    return [float(re.findall(r"tgt_tok/s: ([\d.]+)", epoch)[-1])
+            for epoch in re.split(r"Epoch \d+/\d+", output)[1:]]  # fmt: skip
 
 
 def main():

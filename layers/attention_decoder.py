@@ -4,7 +4,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from layers.masking import resolve_memory_mask
+from layers.masking import boolean_mask
 from layers.recurrent_layers import (
     check_cell_type,
     recurrent_layer,
@@ -211,7 +211,7 @@ class AttentionDecoder(keras.layers.Layer):
         sampling_probability=None,
         training=None,
     ):
-        memory_mask = resolve_memory_mask(memory, memory_mask)
+        memory_mask = boolean_mask(memory_mask)
         memory_cache = self.precompute(memory)
         if initial_state is None:
             initial_state = self.zero_state(ops.shape(target_ids)[0], self.compute_dtype)

@@ -1,24 +1,9 @@
 """What every encoder-decoder model shares: the training objective and the decoding contract."""
 
 import keras
-import tensorflow as tf
 from keras import ops
 
-from layers.token_losses import (
-    Perplexity,
-    TokenAccuracy,
-    replicas_in_sync,
-    sum_over_replicas,
-    token_cross_entropy,
-)
-
-
-def _logs_for_multi_worker(logs):
-    """Under MultiWorkerMirroredStrategy, Keras averages each replica's logs along axis 0,
-    which scalars lack: give them one (the values are equal, being synchronised metrics)."""
-    if not isinstance(tf.distribute.get_strategy(), tf.distribute.MultiWorkerMirroredStrategy):
-        return logs
-    return {name: ops.reshape(value, [1]) for name, value in logs.items()}
+from layers.token_losses import Perplexity, TokenAccuracy, token_cross_entropy
 
 
 class EncoderDecoderModel(keras.Model):
@@ -31,7 +16,8 @@ class EncoderDecoderModel(keras.Model):
     Output: logits `[batch, tgt_len, target_vocab_size]`.
 
     Training minimises the cross-entropy averaged over the non-padding target tokens (with
-    optional label smoothing) and reports `token_accuracy` and `perplexity`.
+    optional label smoothing) and reports `token_accuracy` and `perplexity`; on one device as
+    it is, under `tf.distribute` as its twin in `pipeline.distributed_training`.
 
     Decoding uses the step-function contract below, which search and export depend on (never
     the reverse), so any model that honours it plugs into them:
@@ -63,33 +49,23 @@ class EncoderDecoderModel(keras.Model):
         self.token_accuracy = TokenAccuracy()
         self.perplexity = Perplexity()
 
-    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+    def token_loss(self, y, y_pred):
+        """(sum of the batch's per-token losses, its number of target tokens), both float32
+        scalars; updates `token_accuracy` and `perplexity`."""
         mask = ops.not_equal(y, self.pad_id)
         losses, nll = token_cross_entropy(y, y_pred, mask, self.label_smoothing)
-        # This replica's share of the mean over every replica's target tokens (see
-        # `sum_over_replicas`); with one replica, the plain mean.
-        tokens = sum_over_replicas(ops.sum(ops.cast(mask, "float32")))
-        loss = ops.divide_no_nan(ops.sum(losses), tokens)
         self.token_accuracy.update_state(y, y_pred, mask)
         self.perplexity.update_state(nll, mask)
+        return ops.sum(losses), ops.sum(ops.cast(mask, "float32"))
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        # One device's objective. Under a tf.distribute strategy, train the twin that
+        # `pipeline.distributed_training` derives, which averages over every replica's tokens.
+        loss_sum, tokens = self.token_loss(y, y_pred)
+        loss = ops.divide_no_nan(loss_sum, tokens)
         if self.losses:
-            loss = loss + ops.sum(self.losses) / replicas_in_sync()  # each replica: its share
+            loss = loss + ops.sum(self.losses)
         return loss
-
-    def train_step(self, data):
-        return _logs_for_multi_worker(super().train_step(data))
-
-    def test_step(self, data):
-        return _logs_for_multi_worker(super().test_step(data))
-
-    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        # Under tf.distribute, Keras averages a first batch over the replicas to build from;
-        # that fails when replicas hold batches of different lengths (length bucketing) and
-        # would skip that batch. Built layers and a built optimizer need no sample batch.
-        layers_built = all(layer.built for layer in self._flatten_layers())
-        if layers_built and self.optimizer is not None and self.optimizer.built:
-            return
-        super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
 
     def get_config(self):
         config = super().get_config()

@@ -12,13 +12,13 @@ def sequence_mask(token_ids, pad_id=0):
     return ops.not_equal(token_ids, pad_id)
 
 
-def resolve_memory_mask(memory, memory_mask):
-    """The explicit `memory_mask`, else the Keras mask carried by `memory`, else None."""
-    if memory_mask is None:
-        memory_mask = getattr(memory, "_keras_mask", None)
-    if memory_mask is None:
-        return None
-    return ops.cast(memory_mask, "bool")
+def boolean_mask(mask):
+    """`mask` as booleans, or None.
+
+    A layer whose `call` takes `memory` and `memory_mask` needs no more: when `memory` carries
+    a Keras mask and no `memory_mask` is given, Keras passes that mask as `memory_mask` (its
+    `<argument>_mask` convention for layers with several tensor arguments)."""
+    return None if mask is None else ops.cast(mask, "bool")
 
 
 def _large_negative(dtype):

@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from layers.masking import masked_softmax, resolve_memory_mask
+from layers.masking import boolean_mask, masked_softmax
 
 
 def group_step_queries(query, memory_cache, feature_shape=None):
@@ -52,7 +52,7 @@ class SourceAttention(keras.layers.Layer):
     """
 
     def call(self, query, memory, memory_mask=None):
-        memory_mask = resolve_memory_mask(memory, memory_mask)
+        memory_mask = boolean_mask(memory_mask)
         return self.attend(query, self.precompute(memory), memory_mask)
 
     def precompute(self, memory):

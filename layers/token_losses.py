@@ -1,24 +1,7 @@
 """Masked token-level cross-entropy, accuracy and perplexity for padded target sequences."""
 
 import keras
-import tensorflow as tf
 from keras import ops
-
-
-def replicas_in_sync():
-    return tf.distribute.get_strategy().num_replicas_in_sync
-
-
-def sum_over_replicas(value):
-    """`value` summed over the replicas of a `tf.distribute` step; itself with one replica.
-
-    Dividing a replica's loss sum by the global token count makes the replicas' gradients
-    add up (as tf.distribute adds them) to the gradient of the mean over all their tokens.
-    """
-    context = tf.distribute.get_replica_context()
-    if context is None or context.num_replicas_in_sync == 1:
-        return value
-    return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
 
 
 def token_cross_entropy(labels, logits, mask, label_smoothing=0.0):

@@ -10,8 +10,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 from pipeline.atomic_files import atomic_path
 
 
-def _label(piece):
-    # SentencePiece marks word starts with U+2581; drop it so labels read as text.
+def piece_label(piece):
+    """A subword piece as a plot labels it (the browser example labels the same way): without
+    SentencePiece's word-start mark U+2581, so labels read as text; a bare mark as ␣."""
     return piece.replace("\u2581", "") or "\u2423"
 
 
@@ -24,9 +25,9 @@ def attention_figure(hypothesis, title=None):
     height = min(2.5 + 0.38 * rows, 40)
     figure, axes = plt.subplots(figsize=(width, height), dpi=100)
     image = axes.imshow(attention, cmap="Greys", vmin=0.0, vmax=1.0, aspect="auto")
-    axes.set_xticks(range(columns), [_label(p) for p in hypothesis.source_tokens], rotation=60,
+    axes.set_xticks(range(columns), [piece_label(p) for p in hypothesis.source_tokens], rotation=60,
                     ha="right", fontsize=11)  # fmt: skip
-    axes.set_yticks(range(rows), [_label(p) for p in hypothesis.target_tokens], fontsize=11)
+    axes.set_yticks(range(rows), [piece_label(p) for p in hypothesis.target_tokens], fontsize=11)
     axes.set_xlabel("source")
     axes.set_ylabel("translation")
     axes.set_title(title or hypothesis.text, fontsize=11, wrap=True)

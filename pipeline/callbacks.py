@@ -75,8 +75,9 @@ class FirstStepTime(keras.callbacks.Callback):
 class EpochProgress(keras.callbacks.Callback):
     """Training's progress for the user, in place of Keras' progress bar (whose redraws and
     per-epoch headers took five lines an epoch when written to a file): on a terminal, one
-    line redrawn as the steps go; then one line an epoch with its figures. Put it after the
-    callbacks that add to the epoch's logs (BLEU)."""
+    line redrawn as the steps go; then one line an epoch with its figures, among them the
+    mean time of a step after the epoch's first (which may trace) and before its end work
+    (validation, checkpoints). Put it after the callbacks that add to the logs (BLEU)."""
 
     FIGURES = (
         ("loss", "loss {:.3f}"),
@@ -98,12 +99,16 @@ class EpochProgress(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch + 1
         self._start = self._drawn = time.perf_counter()
+        self._steps = 0
 
     def _figures(self, logs):
         return ", ".join(text.format(logs[key]) for key, text in self.FIGURES if key in logs)
 
     def on_train_batch_end(self, batch, logs=None):
         now = time.perf_counter()
+        if batch == 0:
+            self._first_step_end = now
+        self._last_step_end, self._steps = now, batch + 1
         if not self.interactive or now - self._drawn < self.REDRAW_SECONDS:
             return
         self._drawn = now
@@ -115,13 +120,17 @@ class EpochProgress(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if self.interactive:
             self.stream.write("\r\x1b[K")
+        figures = self._figures(logs or {})
+        if self._steps > 1:
+            step = (self._last_step_end - self._first_step_end) / (self._steps - 1)
+            figures += f", {step * 1000:.0f} ms a step"
         seconds = time.perf_counter() - self._start
-        self.log(f"epoch {self._epoch}/{self.epochs}: {self._figures(logs or {})}, {seconds:.0f} s")
+        self.log(f"epoch {self._epoch}/{self.epochs}: {figures}, {seconds:.0f} s")
 
 
 class ReportAtTrainingEnd(keras.callbacks.Callback):
-    """Logs the lines `report()` returns once training ends (once, not at every epoch: each
-    such line splits the progress bar's, which Keras then writes again)."""
+    """Logs the lines `report()` returns once, when training ends (the report stays one
+    line an epoch)."""
 
     def __init__(self, report, log=print):
         super().__init__()
@@ -240,8 +249,8 @@ class StopOnSignal(keras.callbacks.Callback):
 class ValidationBleu(keras.callbacks.Callback):
     """Every `every_epochs` epochs, translates a validation subset and logs `val_bleu`.
 
-    `translator` decodes with `float32_model`: the trained model itself, or (under mixed
-    precision) its float32 twin, which first takes the trained weights.
+    `translator` decodes with `float32_model`, the plain float32 model that is saved and
+    exported, which first takes the trained weights.
     """
 
     def __init__(self, translator, float32_model, sources, references, every_epochs):
@@ -255,8 +264,7 @@ class ValidationBleu(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self.every_epochs:
             return
-        if self.float32_model is not self.model:
-            self.float32_model.set_weights(self.model.get_weights())
+        self.float32_model.set_weights(self.model.get_weights())
         hypotheses = self.translator.translate_best(self.sources)
         scores = score_translations(hypotheses, self.references)
         if logs is not None:
@@ -279,8 +287,7 @@ class AttentionImages(keras.callbacks.Callback):
         self._writer = None
 
     def on_epoch_end(self, epoch, logs=None):
-        if self.float32_model is not self.model:
-            self.float32_model.set_weights(self.model.get_weights())
+        self.float32_model.set_weights(self.model.get_weights())
         if self._writer is None:
             self._writer = tf.summary.create_file_writer(self.log_dir)
         hypotheses = [n_best[0] for n_best in self.translator.translate(self.sources)]

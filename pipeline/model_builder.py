@@ -5,6 +5,7 @@ import contextlib
 import keras
 
 import layers
+from pipeline.distributed_training import TRAINING_TWINS
 from pipeline.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -53,25 +54,34 @@ def dtype_policy(name):
         keras.config.set_dtype_policy(previous)
 
 
-def build_model(config, source_vocab_size, target_vocab_size, precision="float32"):
+def build_model(
+    config, source_vocab_size, target_vocab_size, precision="float32", for_training=False
+):
     """The model of `config["model"]["type"]`, built (its weights created).
 
     `precision` is its dtype policy (`pipeline.config.PRECISIONS`): training passes
     `train.precision`; translation and export keep the float32 default. The weights are
     float32 under every policy, so they move between the two with `set_weights`.
+    `for_training` builds the model's twin that trains under any `tf.distribute` strategy
+    (`pipeline.distributed_training`), with the same weights.
     """
     with dtype_policy(precision):
         if config["model"]["type"] == "transformer":
-            model = build_transformer(config, source_vocab_size, target_vocab_size)
+            model_class = layers.Transformer
+            build = build_transformer
         else:
-            model = build_recurrent(config, source_vocab_size, target_vocab_size)
+            model_class = layers.RecurrentSeq2Seq
+            build = build_recurrent
+        if for_training:
+            model_class = TRAINING_TWINS[model_class]
+        model = build(config, source_vocab_size, target_vocab_size, model_class)
         model.build({"source_ids": (None, None), "target_input_ids": (None, None)})
     return model
 
 
-def build_transformer(config, source_vocab_size, target_vocab_size):
+def build_transformer(config, source_vocab_size, target_vocab_size, model_class):
     model_config = config["model"]
-    return layers.Transformer(
+    return model_class(
         source_vocab_size,
         target_vocab_size,
         model_dim=model_config["model_dim"],
@@ -93,7 +103,7 @@ def build_transformer(config, source_vocab_size, target_vocab_size):
     )
 
 
-def build_recurrent(config, source_vocab_size, target_vocab_size):
+def build_recurrent(config, source_vocab_size, target_vocab_size, model_class):
     model_config = config["model"]
     encoder = layers.RecurrentEncoder(
         source_vocab_size,
@@ -122,7 +132,7 @@ def build_recurrent(config, source_vocab_size, target_vocab_size):
         residual=model_config["residual"],
         name="decoder",
     )
-    return layers.RecurrentSeq2Seq(
+    return model_class(
         encoder,
         decoder,
         bridge=model_config["bridge"],

@@ -254,11 +254,9 @@ def run(config, workdir, log=print, init_from=None):
 
     with strategy.scope():
         vocab_sizes = source_tokenizer.vocab_size, target_tokenizer.vocab_size
-        model = build_model(config, *vocab_sizes, precision=train["precision"])
-        # What is translated, scored and saved: the float32 model that exports will hold.
-        float32_model = (
-            model if train["precision"] == "float32" else build_model(config, *vocab_sizes)
-        )
+        model = build_model(config, *vocab_sizes, precision=train["precision"], for_training=True)
+        # What is translated, scored and saved: the plain float32 model that exports will hold.
+        float32_model = build_model(config, *vocab_sizes)
         optimizer = make_optimizer(train, learning_rate)
         model.compile(optimizer=optimizer, jit_compile=train["jit_compile"])
         optimizer.build(model.trainable_variables)  # now, so that replicas need no sample batch
@@ -336,8 +334,7 @@ def run(config, workdir, log=print, init_from=None):
         average_checkpoints(model, train, paths)
         names = ", ".join(os.path.basename(path) for path in paths)
         log(f"Weights: the mean of the last {len(paths)} checkpoints ({names})")
-    if float32_model is not model:
-        float32_model.set_weights(model.get_weights())
+    float32_model.set_weights(model.get_weights())
     # With nothing left to train, keep the saved model: it may hold early stopping's best weights.
     if history or not (workdir / MODEL_FILE).exists():
         save_model_atomically(float32_model, workdir / MODEL_FILE)

@@ -58,7 +58,7 @@ def global_batch(halves):
 
 def train(strategy, dataset, config, initial_weights):
     with strategy.scope():
-        model = build_model(config, VOCAB, VOCAB)
+        model = build_model(config, VOCAB, VOCAB, for_training=True)
         optimizer = keras.optimizers.Adam(1e-2, global_clipnorm=config["train"]["clip_norm"])
         model.compile(optimizer=optimizer)
         optimizer.build(model.trainable_variables)

@@ -12,7 +12,7 @@ import pytest
 
 from export.runtime import OnnxTranslator
 from helpers import real_sentences
-from pipeline.attention_plot import _label
+from pipeline.attention_plot import piece_label
 from pipeline.config import PROJECT_ROOT
 
 EXAMPLE = PROJECT_ROOT / "examples" / "web"
@@ -95,8 +95,8 @@ def test_the_page_translates_like_the_python_runtime(tools, exported_workdir, tm
         target_ids = output["ids"][0, 0, : output["lengths"][0, 0]].tolist()
         source_pieces = translator.source.id_to_piece(source_ids)
         target_pieces = translator.target.id_to_piece(target_ids)
-        assert page["columnLabels"] == [_label(piece) for piece in source_pieces]
-        assert page["rowLabels"] == [_label(piece) for piece in target_pieces]
+        assert page["columnLabels"] == [piece_label(piece) for piece in source_pieces]
+        assert page["rowLabels"] == [piece_label(piece) for piece in target_pieces]
         assert page["cells"] == len(source_ids) * len(target_ids)
     assert shown[-1]["languages"] == "German → English"  # smoke.yaml trains on val.de/val.en
     assert screenshot.read_bytes().startswith(b"\x89PNG")
