@@ -44,8 +44,8 @@ ATTENTION_VARIANTS = {
         "model.attention_scale=true",
     ],
     "luong_concat": ["model.attention=luong_concat"],
-    "scaled_dot": ["model.attention=scaled_dot"],
-    "multi_head": ["model.attention=multi_head"],
+    "scaled_dot": ["model.attention=scaled_dot", "model.attention_qk_norm=false"],
+    "multi_head": ["model.attention=multi_head", "model.attention_qk_norm=false"],
     "scaled_dot_qk_norm": ["model.attention=scaled_dot", "model.attention_qk_norm=true"],
     "multi_head_qk_norm": ["model.attention=multi_head", "model.attention_qk_norm=true"],
 }

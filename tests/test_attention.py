@@ -243,4 +243,6 @@ def test_the_default_models_attention_starts_spread_out(name):
     _, weights = model.forward(inputs, training=False)
     weights = weights.numpy().astype("float64")
     entropy = -(weights * np.log(np.maximum(weights, 1e-30))).sum(-1) / math.log(20)
-    assert entropy.mean() > 0.9, f"{name}: attention entropy {entropy.mean():.2f} of uniform"
+    # Scores of unit variance (the scaled dot product's design point, which QK-norm starts at)
+    # give 0.87 of uniform over 20 positions; the unscaled Luong scores that went one-hot, 0.65.
+    assert entropy.mean() > 0.85, f"{name}: attention entropy {entropy.mean():.2f} of uniform"
