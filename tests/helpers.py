@@ -2,10 +2,12 @@
 
 import gzip
 import os
+import shutil
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import layers
@@ -52,6 +54,23 @@ def real_sentences(n, split="test_2016_flickr"):
     path = PROJECT_ROOT / "data" / "multi30k" / f"{split}.de.gz"
     with gzip.open(path, "rt", encoding="utf-8") as lines:
         return [next(lines).rstrip("\n") for _ in range(n)]
+
+
+def node_example(name):
+    """(node, the directory of `examples/<name>`) with its locked packages installed; skips the
+    test where node or npm is missing or the packages cannot be installed."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if not node or not npm:
+        pytest.skip("node and npm are needed for the JavaScript examples")
+    example = PROJECT_ROOT / "examples" / name
+    if not (example / "node_modules").is_dir():
+        install = subprocess.run(
+            [npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund"],
+            cwd=example, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        if install.returncode != 0:
+            pytest.skip(f"npm could not install the example's packages: {install.stderr[-500:]}")
+    return node, example
 
 
 def run_python(code, *args, expect_status=0):

@@ -22,7 +22,14 @@ from export.onnx_rewrites import optimise_loops, subgraphs
 from export.runtime import OnnxTranslator
 from export.serving_check import read_meta_graph, unsupported_ops, write_signature_only
 from export.serving_graph import TranslationGraph
-from helpers import padded_ids, real_sentences, run_python, search_onnx, search_saved_model
+from helpers import (
+    node_example,
+    padded_ids,
+    real_sentences,
+    run_python,
+    search_onnx,
+    search_saved_model,
+)
 from pipeline.config import PROJECT_ROOT
 from pipeline.search import beam_search, decode_length_limits, greedy_search
 from pipeline.tokenizer import EOS_ID, PAD_ID
@@ -390,17 +397,7 @@ def test_client_requests_fit_the_signatures(saved_model_dir, loaded, workdir):
 
 
 def test_node_example_translates_like_the_python_runtime(out):
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if not node or not npm:
-        pytest.skip("node and npm are not installed")
-    example = PROJECT_ROOT / "examples" / "node"
-    if not (example / "node_modules").is_dir():
-        install = subprocess.run(
-            [npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund"],
-            cwd=example, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-        if install.returncode != 0:
-            pytest.skip(f"npm could not install the example's packages: {install.stderr[-500:]}")
+    node, example = node_example("node")
     sentences = real_sentences(3) + [""]
     result = subprocess.run(
         [node, "translate.mjs", str(out / "onnx"), *sentences, "--beam-size", "5"],

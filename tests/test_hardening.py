@@ -353,36 +353,42 @@ def finish(workdir):
     return result.stdout
 
 
-@pytest.mark.slow
-def test_sigkill_at_a_random_moment_loses_at_most_one_interval(tmp_path):
-    rng = np.random.default_rng()
-    process = start(train_command(tmp_path))
-    wait_for_checkpoint(tmp_path, 20, process)
-    time.sleep(rng.uniform(0.0, 1.5))
-    process.kill()
-    process.wait()
-    saved = checkpoint_steps(tmp_path)
-    output = finish(tmp_path)
-    assert f"Resuming from {tmp_path / 'checkpoints' / f'ckpt-{max(saved)}'}" in output
-    assert "continues at line" in output  # the stream goes on where the killed run was
-    assert "Trained for" in output and max(checkpoint_steps(tmp_path)) == 120
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_sigint_and_sigterm_save_a_checkpoint_then_exit(tmp_path, signum):
-    process = start(train_command(tmp_path))
-    wait_for_checkpoint(tmp_path, 20, process)
+def resume_then_signal(workdir, signum):
+    """Runs the training command again and sends `signum` after its first new checkpoint;
+    returns the output of the interrupted run."""
+    interrupted_at = max(checkpoint_steps(workdir))
+    process = start(train_command(workdir))
+    wait_for_checkpoint(workdir, interrupted_at // 10 * 10 + 10, process)
     time.sleep(0.5)
     process.send_signal(signum)
     output, _ = process.communicate(timeout=120)
+    assert f"Resuming from {workdir / 'checkpoints' / f'ckpt-{interrupted_at}'}" in output
     assert process.returncode == 128 + signum, output[-2000:]
-    assert "Run the same command to resume" in output
-    saved = checkpoint_steps(tmp_path)
-    assert max(saved) > 20  # a checkpoint of the step the signal interrupted
-    assert f"ckpt-{max(saved)}" in output
-    assert not (tmp_path / "model.keras").exists()
-    assert f"Resuming from {tmp_path / 'checkpoints' / f'ckpt-{max(saved)}'}" in finish(tmp_path)
+    return output
+
+
+@pytest.mark.slow
+def test_killed_interrupted_and_terminated_training_resumes_each_time(tmp_path):
+    """One run stopped three ways in turn: SIGKILL at a random moment loses at most the steps
+    since the last checkpoint; SIGINT and SIGTERM save a checkpoint of the step they
+    interrupt and exit; each rerun of the same command resumes, and the last one finishes."""
+    process = start(train_command(tmp_path))
+    wait_for_checkpoint(tmp_path, 20, process)
+    time.sleep(np.random.default_rng().uniform(0.0, 1.5))
+    process.kill()
+    process.wait()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        before = max(checkpoint_steps(tmp_path))
+        output = resume_then_signal(tmp_path, signum)
+        assert "Run the same command to resume" in output
+        saved = max(checkpoint_steps(tmp_path))
+        assert saved > before // 10 * 10 + 10  # a checkpoint of the step the signal interrupted
+        assert f"ckpt-{saved}" in output
+        assert not (tmp_path / "model.keras").exists()
+    output = finish(tmp_path)
+    assert f"Resuming from {tmp_path / 'checkpoints' / f'ckpt-{saved}'}" in output
+    assert "continues at line" in output  # the stream goes on where the last run stopped
+    assert "Trained for" in output and max(checkpoint_steps(tmp_path)) == 120
 
 
 @pytest.mark.slow

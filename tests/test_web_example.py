@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from export.runtime import OnnxTranslator
-from helpers import real_sentences
+from helpers import node_example, real_sentences
 from pipeline.attention_plot import piece_label
 from pipeline.config import PROJECT_ROOT
 
@@ -22,17 +22,10 @@ BEAM_SIZE = 3  # not the exported default (5): the page's control must reach the
 @pytest.fixture(scope="module")
 def tools():
     """(node, chromium), with the example's packages installed."""
-    node, npm = shutil.which("node"), shutil.which("npm")
     chromium = next(filter(None, map(shutil.which, ("chromium", "chromium-browser"))), None)
-    if not node or not npm or not chromium:
-        pytest.skip("node, npm and chromium are needed to test the page in a browser")
-    if not (EXAMPLE / "node_modules").is_dir():
-        install = subprocess.run(
-            [npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund"],
-            cwd=EXAMPLE, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-        if install.returncode != 0:
-            pytest.skip(f"npm could not install the example's packages: {install.stderr[-500:]}")
+    if not chromium:
+        pytest.skip("chromium is needed to test the page in a browser")
+    node, _ = node_example("web")
     return node, chromium
 
 
