@@ -6,7 +6,6 @@ import keras
 from keras import ops
 
 from layers.masking import masked_softmax
-from layers.step_buffers import write_column
 
 
 @keras.saving.register_keras_serializable(package="seq2seq")
@@ -17,12 +16,14 @@ class CausalSelfAttention(keras.layers.Layer):
     `[batch, time, dim]`. Padding needs no mask: targets are right-padded, so a real position
     never sees one, and padded positions' outputs are not scored.
 
-    `step(x, cache, step)` decodes one position incrementally: `x` `[batch, dim]` is position
-    `step`, and `cache` (from `initial_cache`) holds the keys and values of the positions
-    before it in fixed-shape buffers: keys `[batch, heads, key_dim, max_length]` and values
-    `[batch, heads, max_length, key_dim]`, laid out for plain batched matmuls. The step writes
-    its own key and value at `step` and attends over positions <= step, so the prefix is
-    never recomputed and the loop keeps fixed shapes (it converts to ONNX).
+    `step(x, cache)` decodes one position incrementally: `x` `[batch, dim]` is the next
+    position, and `cache` (from `initial_cache`) holds the keys and values of the positions
+    before it: keys `[batch, heads, key_dim, t]` and values `[batch, heads, t, key_dim]`, laid
+    out for plain batched matmuls. The step appends its own key and value and attends over
+    the t + 1 positions, so the prefix is never recomputed. The cache grows by one position a
+    step rather than filling a buffer of the longest length: each step then copies (when
+    search reorders beams) and attends over the positions so far only, and writes no
+    scatter, which ONNX Runtime would run as a copy of the whole buffer.
 
     Args:
         num_heads: number of heads.
@@ -75,25 +76,25 @@ class CausalSelfAttention(keras.layers.Layer):
         heads = self._attend(queries, keys, values, causal[None, None], training)
         return self._merge(heads)
 
-    def initial_cache(self, batch_size, max_length, dtype="float32"):
-        """Empty key and value buffers for `max_length` positions."""
-        keys = ops.zeros((batch_size, self.num_heads, self.key_dim, max_length), dtype=dtype)
-        values = ops.zeros((batch_size, self.num_heads, max_length, self.key_dim), dtype=dtype)
+    def initial_cache(self, batch_size, dtype="float32"):
+        """Key and value caches of no positions."""
+        keys = ops.zeros((batch_size, self.num_heads, self.key_dim, 0), dtype=dtype)
+        values = ops.zeros((batch_size, self.num_heads, 0, self.key_dim), dtype=dtype)
         return (keys, values)
 
-    def step(self, x, cache, step):
-        """Position `step`: `x` `[batch, dim]` -> output `[batch, dim]` and the updated cache."""
+    def step(self, x, cache):
+        """The next position: `x` `[batch, dim]` -> output `[batch, dim]` and the cache with
+        its key and value appended."""
         # Projections of the rank-2 step input: plain matmuls (a rank-3 Dense is a tensordot,
         # a dozen shape ops at every step of the search loop).
         split = (-1, self.num_heads, self.key_dim)
         queries = ops.reshape(self.query_projection(x), split)[:, :, None]  # [b, heads, 1, d]
-        new_key = ops.reshape(self.key_projection(x), split)  # [batch, heads, key_dim]
-        new_value = ops.reshape(self.value_projection(x), split)
-        keys = write_column(cache[0], step, ops.cast(new_key, cache[0].dtype), axis=3)
-        values = write_column(cache[1], step, ops.cast(new_value, cache[1].dtype), axis=2)
-        seen = (ops.arange(ops.shape(keys)[-1]) <= step)[None, None, None]  # [1, 1, 1, max_len]
+        new_key = ops.reshape(self.key_projection(x), split)[..., None]  # [b, heads, d, 1]
+        new_value = ops.reshape(self.value_projection(x), split)[:, :, None]  # [b, heads, 1, d]
+        keys = ops.concatenate([cache[0], ops.cast(new_key, cache[0].dtype)], axis=3)
+        values = ops.concatenate([cache[1], ops.cast(new_value, cache[1].dtype)], axis=2)
         heads = self._attend(
-            queries, ops.cast(keys, x.dtype), ops.cast(values, x.dtype), seen, training=False
+            queries, ops.cast(keys, x.dtype), ops.cast(values, x.dtype), None, training=False
         )
         heads = ops.reshape(heads, (-1, self.num_heads * self.key_dim))
         return self.output_projection(heads), (keys, values)

@@ -22,17 +22,18 @@ class EncoderDecoderModel(keras.Model):
     Decoding uses the step-function contract below, which search and export depend on (never
     the reverse), so any model that honours it plugs into them:
         encoded = model.encode(source_ids)                        # dict, one row per source
-        state = model.initial_decoder_state(encoded, max_length)  # nest, one row per source
+        state = model.initial_decoder_state(encoded)              # nest, one row per source
         logits, state, weights = model.decode_step(token_ids, state, encoded, step)
-    `max_length` is the most steps search will take (a model may size per-step caches by it);
     `step` is the number of tokens decoded before `token_ids` (a scalar, the same for every
-    row). Search may keep k hypotheses per source: it repeats each row of the state k times,
-    and `decode_step` then takes `[batch * k]` tokens and state rows, grouped by source (rows
-    i*k ... i*k+k-1 belong to source i), with the untiled `encoded`, and returns logits
-    `[batch * k, vocab]`, the state, and attention weights over the source `[batch * k,
-    src_len]` (None for a model without attention). Search reorders every state tensor along
-    its first axis, and drops the rows of finished sources from the state and from every
-    tensor of `encoded`, which must therefore have one row per source along its first axis.
+    row). A state tensor may change shape from step to step beyond its first axis (the
+    Transformer's self-attention caches grow by a position a step). Search may keep k hypotheses
+    per source: it repeats each row of the state k times, and `decode_step` then takes `[batch *
+    k]` tokens and state rows, grouped by source (rows i*k ... i*k+k-1 belong to source i), with
+    the untiled `encoded`, and returns logits `[batch * k, vocab]`, the state, and attention
+    weights over the source `[batch * k, src_len]` (None for a model without attention). Search
+    reorders every state tensor along its first axis, and drops the rows of finished sources
+    from the state and from every tensor of `encoded`, which must therefore have one row per
+    source along its first axis.
     Subclasses also give `source_vocab_size` and `target_vocab_size`.
 
     Args:

@@ -96,13 +96,13 @@ class RecurrentSeq2Seq(EncoderDecoderModel):
             "final_states": final_states,
         }
 
-    def initial_decoder_state(self, encoded, max_length=None):
+    def initial_decoder_state(self, encoded):
         return self.decoder.initial_state(self.bridge(encoded["final_states"]))
 
     def decode_step(self, token_ids, state, encoded, step=None):
         """logits `[batch * k, vocab]`, next state, attention weights `[batch * k, src_len]` or
         None, for k hypotheses per source (see `EncoderDecoderModel`). A recurrent state needs
-        neither `max_length` nor `step`."""
+        no `step`."""
         return self.decoder.step(
             token_ids, state, encoded["memory_cache"], encoded["memory_mask"], training=False
         )

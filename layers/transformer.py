@@ -19,7 +19,7 @@ class Transformer(EncoderDecoderModel):
     layer normalisation and position-wise feed-forward layers.
 
     The encoder is a stack of keras-hub `TransformerEncoder` layers; the decoder a stack of
-    `TransformerDecoderLayer`s, which decode incrementally with fixed-shape self-attention
+    `TransformerDecoderLayer`s, which decode incrementally with growing self-attention
     caches. Token embeddings are scaled by sqrt(model_dim) and summed with the positions
     (keras-hub's `SinePositionEncoding` or a learned `PositionEmbedding`). Inputs, outputs and
     the decoding contract: see `EncoderDecoderModel`; the attention weights it returns are the
@@ -181,13 +181,12 @@ class Transformer(EncoderDecoderModel):
             "memory_mask": memory_mask,
         }
 
-    def initial_decoder_state(self, encoded, max_length):
-        """Empty self-attention caches of `max_length` positions for every decoder layer."""
+    def initial_decoder_state(self, encoded):
+        """Empty self-attention caches (no positions yet) for every decoder layer."""
         batch = ops.shape(encoded["memory"])[0]
         return {
             "self_attention": tuple(
-                layer.initial_cache(batch, max_length, encoded["memory"].dtype)
-                for layer in self.decoder_layers
+                layer.initial_cache(batch, encoded["memory"].dtype) for layer in self.decoder_layers
             )
         }
 
@@ -201,7 +200,7 @@ class Transformer(EncoderDecoderModel):
         for layer, cache, memory_cache in zip(
             self.decoder_layers, state["self_attention"], encoded["memory_cache"]
         ):
-            x, cache, weights = layer.step(x, cache, memory_cache, encoded["memory_mask"], step)
+            x, cache, weights = layer.step(x, cache, memory_cache, encoded["memory_mask"])
             caches.append(cache)
         logits = self.target_embedding(self._final_norm(self.decoder_norm, x), reverse=True)
         return logits, {"self_attention": tuple(caches)}, weights

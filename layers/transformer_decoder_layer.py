@@ -21,7 +21,7 @@ class TransformerDecoderLayer(keras.layers.Layer):
 
     Teacher forcing: `call(x, memory_cache, memory_mask)` with `x` `[batch, tgt_len, dim]` ->
     (`[batch, tgt_len, dim]`, weights `[batch, tgt_len, src_len]`).
-    Decoding: `step(x, cache, memory_cache, memory_mask, step)` with `x` `[batch * k, dim]` ->
+    Decoding: `step(x, cache, memory_cache, memory_mask)` with `x` `[batch * k, dim]` ->
     (`[batch * k, dim]`, cache, weights `[batch * k, src_len]`), where `cache` comes from
     `initial_cache` and `memory_cache` from `precompute(memory)`.
 
@@ -83,8 +83,8 @@ class TransformerDecoderLayer(keras.layers.Layer):
         """The cross-attention keys and values, once per source."""
         return self.cross_attention.precompute(memory)
 
-    def initial_cache(self, batch_size, max_length, dtype="float32"):
-        return self.self_attention.initial_cache(batch_size, max_length, dtype)
+    def initial_cache(self, batch_size, dtype="float32"):
+        return self.self_attention.initial_cache(batch_size, dtype)
 
     def _residual(self, x, norm, sublayer, training):
         """`x` plus the sublayer's output, normalised before or after; and its extra output."""
@@ -109,9 +109,9 @@ class TransformerDecoderLayer(keras.layers.Layer):
         x, _ = self._residual(x, self.norms[2], lambda h: self._feedforward(h, training), training)
         return x, weights
 
-    def step(self, x, cache, memory_cache, memory_mask, step):
+    def step(self, x, cache, memory_cache, memory_mask):
         x, cache = self._residual(
-            x, self.norms[0], lambda h: self.self_attention.step(h, cache, step), False
+            x, self.norms[0], lambda h: self.self_attention.step(h, cache), False
         )
         x, weights = self._residual(
             x,

@@ -18,10 +18,28 @@ end are padding.
 from typing import Any, NamedTuple
 
 import tensorflow as tf
-
-from layers.step_buffers import write_column
+from keras import ops
 
 NEG_INF = -1e9  # a finite "impossible" score: -inf would turn into NaN in sums and products
+
+
+def _write_column(buffer, index, values, axis):
+    """`buffer` with position `index` of its `axis` set to `values`: a scatter of one column
+    (not a pass over the whole buffer), so that the fixed-shape output buffers of a loop
+    convert to an ONNX `Loop` with no TensorArray.
+
+    Args (`axis` >= 1: the leading axes give each written slice its row):
+        buffer: `[d_0, ..., d_axis, ..., d_n]`.
+        index: scalar int, the position along `axis`.
+        values: the buffer's shape without `axis`: `[d_0, ..., d_n]` minus `d_axis`.
+    """
+    index = ops.cast(index, "int32")
+    # One index tuple (row..., index) per leading position; each writes a trailing slice.
+    leading = ops.shape(values)[:axis]
+    rows = ops.meshgrid(*[ops.arange(size, dtype="int32") for size in leading], indexing="ij")
+    position = ops.full(leading, index, dtype="int32")
+    indices = ops.stack([*rows, position], axis=-1)
+    return ops.scatter_update(buffer, indices, values)
 
 
 def source_lengths(source_ids, pad_id):
@@ -147,7 +165,7 @@ def _sequential_search(
     )
     blocking = ngram_blocking(no_repeat)
     encoded = model.encode(source_ids)
-    state = model.initial_decoder_state(encoded, width)
+    state = model.initial_decoder_state(encoded)
     ids = tf.fill([batch, width], tf.constant(model.pad_id, tf.int32))
     attention = tf.zeros([batch, width, tf.shape(source_ids)[1]], tf.float32)
     finished = tf.zeros([batch], tf.bool)
@@ -169,16 +187,19 @@ def _sequential_search(
         tokens = tf.where(finished, model.pad_id, chosen)
         chosen_log_prob = tf.gather(log_probs, chosen, batch_dims=1)
         scores += tf.where(finished, 0.0, chosen_log_prob)
-        ids = write_column(ids, t, tokens, axis=1)
+        ids = _write_column(ids, t, tokens, axis=1)
         if weights is not None:
             weights = tf.where(finished[:, None], 0.0, tf.cast(weights, tf.float32))
-            attention = write_column(attention, t, weights, axis=1)
+            attention = _write_column(attention, t, weights, axis=1)
         at_limit = t + 1 >= limits
         finished = tf.logical_or(finished, tf.logical_or(tf.equal(tokens, model.eos_id), at_limit))
         return t + 1, tokens, state, ids, attention, finished, scores
 
+    loop_vars = (tf.constant(0), tokens, state, ids, attention, finished, scores)
+    shapes = tf.nest.map_structure(lambda x: x.shape, loop_vars)
+    shapes = (*shapes[:2], _any_shape(state), *shapes[3:])  # the state may grow
     _, _, _, ids, attention, _, scores = tf.while_loop(
-        not_done, step, (tf.constant(0), tokens, state, ids, attention, finished, scores)
+        not_done, step, loop_vars, shape_invariants=shapes
     )
     lengths = tf.reduce_sum(tf.cast(tf.not_equal(ids, model.pad_id), tf.int32), axis=1)
     return ids, lengths, scores, attention
@@ -394,9 +415,10 @@ def _initial_state(model, source_ids, limits, width, beam_size, prefix):
         prefix=() if prefix is None else tf.tile(prefix[:, None, :], [1, beam_size, 1]),
         encoded=encoded,
     )
-    # Each hypothesis has its own copy of the decoder state.
-    decoder = tf.nest.map_structure(
-        lambda x: tf.repeat(x, beam_size, axis=0), model.initial_decoder_state(encoded, width)
+    # Each hypothesis has its own copy of the decoder state: a gather, as a repeat converts to
+    # an ONNX Reshape that misreads an empty axis (a cache of no positions) as "keep this one".
+    decoder = _gather_rows(
+        model.initial_decoder_state(encoded), tf.repeat(tf.range(batch), beam_size)
     )
     # Only the first beam is live at the start, or the k beams would be k copies.
     first_beam = tf.equal(tf.range(beam_size), 0)
@@ -443,11 +465,11 @@ def _expand(model, state, sources, beam_size, min_length, blocking):
     log_probs, best = tf.math.top_k(totals, k=2 * beam_size)
     origin = best // per_beam
     tokens = tf.gather(tf.reshape(beam_tokens, [n, -1]), best, batch_dims=1)
-    ids = write_column(tf.gather(alive.ids, origin, batch_dims=1), t, tokens, axis=2)
+    ids = _write_column(tf.gather(alive.ids, origin, batch_dims=1), t, tokens, axis=2)
     if weights is not None:
         step_weights = tf.reshape(tf.cast(weights, tf.float32), [n, beam_size, -1])
         alive = alive._replace(
-            attention=write_column(alive.attention, t, step_weights, axis=2),
+            attention=_write_column(alive.attention, t, step_weights, axis=2),
             coverage=alive.coverage + step_weights,
         )
     ends = tf.logical_and(tf.equal(tokens, model.eos_id), log_probs > NEG_INF / 2)

@@ -168,10 +168,10 @@ def sequence_inputs(rng):
 
 def causal_steps(layer, inputs):
     x = inputs["x"]
-    cache = layer.initial_cache(x.shape[0], x.shape[1] + 2)  # longer than the sequence
+    cache = layer.initial_cache(x.shape[0])
     outputs = []
     for t in range(x.shape[1]):
-        output, cache = layer.step(x[:, t], cache, t)
+        output, cache = layer.step(x[:, t], cache)
         outputs.append(output)
     return np.stack(outputs, axis=1)
 
@@ -193,11 +193,11 @@ def decoder_layer_forward(layer, inputs):
 
 def decoder_layer_steps(layer, inputs):
     x, mask = inputs["x"], inputs["memory_mask"]
-    cache = layer.initial_cache(x.shape[0], x.shape[1])
+    cache = layer.initial_cache(x.shape[0])
     memory_cache = layer.precompute(inputs["memory"])
     steps = []
     for t in range(x.shape[1]):
-        output, cache, weights = layer.step(x[:, t], cache, memory_cache, mask, t)
+        output, cache, weights = layer.step(x[:, t], cache, memory_cache, mask)
         steps.append((output, weights))
     return stack_steps(steps)
 

@@ -38,7 +38,7 @@ class TableModel:
     def encode(self, source_ids):
         return {"source_length": tf.shape(source_ids)[1] + tf.zeros_like(source_ids[:, 0])}
 
-    def initial_decoder_state(self, encoded, max_length):
+    def initial_decoder_state(self, encoded):
         return {"unused": tf.zeros_like(encoded["source_length"])}
 
     def decode_step(self, tokens, state, encoded, step):

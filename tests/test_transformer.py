@@ -45,11 +45,10 @@ def test_causal_self_attention_reads_the_present_and_caches_only_the_positions_s
     changed_future[:, 3:] = rng.normal(size=(2, 3, 8))
     assert not np.allclose(np.asarray(attention(changed_future))[:, 3:], full[:, 3:])
 
-    cache = attention.initial_cache(2, 9)
-    for t in range(6):  # one position at a time, with a buffer longer than the sequence
-        _, cache = attention.step(x[:, t], cache, t)
-    assert cache[0].shape == (2, 2, 4, 9) and cache[1].shape == (2, 2, 9, 4)
-    assert np.all(np.asarray(cache[1])[:, :, 6:] == 0)  # positions not reached stay empty
+    cache = attention.initial_cache(2)
+    for t in range(6):  # one position at a time: the caches grow by one
+        _, cache = attention.step(x[:, t], cache)
+        assert cache[0].shape == (2, 2, 4, t + 1) and cache[1].shape == (2, 2, t + 1, 4)
 
 
 @pytest.mark.parametrize(
@@ -68,7 +67,7 @@ def test_incremental_decoding_gives_the_full_pass_logits(rng, overrides):
     logits, weights = model.forward(x)
     encoded = model.encode(x["source_ids"])
     targets = x["target_input_ids"]
-    state = model.initial_decoder_state(encoded, targets.shape[1] + 3)
+    state = model.initial_decoder_state(encoded)
     for t in range(targets.shape[1]):
         step_logits, state, step_weights = model.decode_step(targets[:, t], state, encoded, t)
         np.testing.assert_allclose(step_logits, logits[:, t], atol=1e-4)
