@@ -1,5 +1,6 @@
-"""Attention layers: shapes, Keras masks, beams, the seeds' score functions. Masking, both query
-ranks, serialisation and gradients: test_layer_harness."""
+"""Attention layers: shapes, Keras masks, beams, the published score functions (Bahdanau et
+al., 2015; Luong et al., 2015). Masking, both query ranks, serialisation and gradients:
+test_layer_harness."""
 
 import math
 
