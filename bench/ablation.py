@@ -35,8 +35,12 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ATTENTION_VARIANTS = {
     "bahdanau": ["model.attention=bahdanau"],
     "bahdanau_normalized": ["model.attention=bahdanau", "model.attention_normalize=true"],
-    "luong_dot": ["model.attention=luong_dot", "model.decoder_units=512"],
-    "luong_general": ["model.attention=luong_general"],
+    "luong_dot": [
+        "model.attention=luong_dot",
+        "model.decoder_units=512",
+        "model.attention_scale=false",
+    ],
+    "luong_general": ["model.attention=luong_general", "model.attention_scale=false"],
     "luong_general_scaled": ["model.attention=luong_general", "model.attention_scale=true"],
     "luong_dot_scaled": [
         "model.attention=luong_dot",

@@ -16,9 +16,10 @@ def build_attention(model_config):
     if name == "bahdanau":
         return layers.BahdanauAttention(units, normalize=model_config["attention_normalize"])
     if name.startswith("luong_"):
-        return layers.LuongAttention(
-            name.removeprefix("luong_"), scale=model_config["attention_scale"], units=units
-        )
+        score = name.removeprefix("luong_")
+        # The concat score's v already learns its scale.
+        scale = model_config["attention_scale"] and score != "concat"
+        return layers.LuongAttention(score, scale=scale, units=units)
     if name == "scaled_dot":
         return layers.ScaledDotProductAttention(
             projection_dim=units, project_values=True, qk_norm=model_config["attention_qk_norm"]
