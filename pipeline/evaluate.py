@@ -40,29 +40,45 @@ def _corpus(config, split):
     return Path(split).name, read_tsv(split)
 
 
+def translate_split(workdir, split, beam_size=None, length_penalty=None, batch_size=None):
+    """Translate a split of the trained work directory `workdir` with its decode settings
+    (overridden where given).
+
+    Returns (loaded, name, corpus, hypotheses, options): `loaded` is `load_trained`'s
+    (config, model, source tokenizer, target tokenizer), `name` the split's name.
+    """
+    from tqdm import tqdm
+
+    from pipeline.translation import SearchOptions, Translator
+    from pipeline.workdir import load_trained
+
+    loaded = load_trained(workdir)
+    config, model, source_tokenizer, target_tokenizer = loaded
+    name, corpus = _corpus(config, split)
+    options = SearchOptions.from_config(
+        config["decode"], beam_size=beam_size, length_penalty=length_penalty
+    )
+    translator = Translator(
+        model, source_tokenizer, target_tokenizer, options,
+        batch_size or config["decode"]["batch_size"],
+    )  # fmt: skip
+    with tqdm(total=len(corpus), unit="sent", file=sys.stderr, desc=f"translating {name}") as bar:
+        hypotheses = translator.translate_best(corpus.sources, progress=bar.update)
+    return loaded, name, corpus, hypotheses, options
+
+
 @report_user_errors
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.beam_size is not None and args.beam_size < 1:
         raise UserError(f"--beam-size must be at least 1, got {args.beam_size}")
-    from tqdm import tqdm
-
     from pipeline.atomic_files import write_text_atomically
     from pipeline.evaluation import corpus_perplexity, score_translations
-    from pipeline.translation import SearchOptions, Translator
-    from pipeline.workdir import load_trained
 
-    config, model, source_tokenizer, target_tokenizer = load_trained(args.workdir)
-    name, corpus = _corpus(config, args.split)
-    options = SearchOptions.from_config(
-        config["decode"], beam_size=args.beam_size, length_penalty=args.length_penalty
+    loaded, name, corpus, hypotheses, options = translate_split(
+        args.workdir, args.split, args.beam_size, args.length_penalty, args.batch_size
     )
-    translator = Translator(
-        model, source_tokenizer, target_tokenizer, options,
-        args.batch_size or config["decode"]["batch_size"],
-    )  # fmt: skip
-    with tqdm(total=len(corpus), unit="sent", file=sys.stderr, desc=f"translating {name}") as bar:
-        hypotheses = translator.translate_best(corpus.sources, progress=bar.update)
+    config, model, source_tokenizer, target_tokenizer = loaded
     report = score_translations(hypotheses, corpus.targets)
 
     perplexity = corpus_perplexity(
@@ -76,7 +92,3 @@ def main(argv=None):
     text = json.dumps(report, indent=2) + "\n"
     write_text_atomically(args.workdir / f"eval_{name}.json", text)
     print(text, end="")
-
-
-if __name__ == "__main__":
-    main()

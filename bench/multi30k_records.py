@@ -1,0 +1,95 @@
+"""Scores of trained recipes on validation and test, the toolkit's way and the published way.
+
+    python bench/multi30k_records.py --workdirs runs/A [runs/B ...] [--average 1 5 10]
+
+For each trained work directory, and with `--average` for models averaged from its last N kept
+checkpoints (`python -m pipeline.average`, into `WORKDIR-avgN`, reused when present), the
+validation and test splits are translated with the recipe's own search and scored:
+- sacreBLEU on the raw references, cased and lowercased, and chrF: how this toolkit scores;
+- "tok. lc. BLEU": hypotheses and references Moses-tokenised (sacremoses, the target language)
+  and lowercased, then BLEU without smoothing, as `multi-bleu.perl` computes it: how the
+  published Multi30k anchors are scored, so the two can be compared;
+- the training time the run reported (its `test_report.json`).
+Choose between recipes on the validation columns only; the test columns are the record.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(PROJECT_ROOT))
+
+
+def tokenized_lowercase_bleu(hypotheses, references, language):
+    """multi-bleu.perl's BLEU of Moses-tokenised, lowercased text (no smoothing)."""
+    import sacrebleu
+    from sacremoses import MosesTokenizer
+
+    tokenizer = MosesTokenizer(lang=language)
+
+    def prepare(lines):
+        return [tokenizer.tokenize(line.lower(), return_str=True, escape=False) for line in lines]
+
+    bleu = sacrebleu.metrics.BLEU(tokenize="none", smooth_method="none", force=True)
+    return bleu.corpus_score(prepare(hypotheses), [prepare(references)]).score
+
+
+def averaged(workdir, last):
+    """The work directory of `workdir`'s last `last` checkpoints averaged (made once)."""
+    output = workdir.with_name(f"{workdir.name}-avg{last}")
+    if not (output / "model.keras").exists():
+        command = [sys.executable, "-m", "pipeline.average", "--workdir", str(workdir)]
+        subprocess.run(command + ["--last", str(last), "--output", str(output)], check=True)
+    return output
+
+
+def score(workdir, split):
+    from pipeline.config import model_languages
+    from pipeline.evaluate import translate_split
+    from pipeline.evaluation import score_translations
+
+    loaded, _, corpus, hypotheses, options = translate_split(workdir, split)
+    report = score_translations(hypotheses, corpus.targets)
+    language = model_languages(loaded[0]["data"]).get("target", "en")
+    report["bleu_tok_lc"] = round(tokenized_lowercase_bleu(hypotheses, corpus.targets, language), 2)
+    report["search"] = f"beam {options.beam_size}, lp {options.length_penalty}"
+    return report
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workdirs", type=Path, nargs="+", required=True)
+    parser.add_argument(
+        "--average", type=int, nargs="*", default=[],
+        help="also score the mean of the last N kept checkpoints, for each N",
+    )  # fmt: skip
+    args = parser.parse_args()
+    columns = ("bleu", "bleu_lowercase", "chrf", "bleu_tok_lc")
+    print(
+        "| model | search | training | "
+        + " | ".join(f"{split} {column}" for split in ("valid", "test") for column in columns)
+        + " |"
+    )
+    print("|---|---|---:|" + "---:|" * 2 * len(columns))
+    for workdir in args.workdirs:
+        report_path = workdir / "test_report.json"
+        seconds = json.loads(report_path.read_text()).get("training_seconds") if (
+            report_path.exists()
+        ) else None  # fmt: skip
+        training = f"{seconds / 60:.0f} min" if seconds else "?"
+        for model in [workdir] + [averaged(workdir, last) for last in args.average]:
+            reports = [score(model, split) for split in ("valid", "test")]
+            figures = " | ".join(
+                f"{report[column]:.2f}" for report in reports for column in columns
+            )
+            print(f"| {model.name} | {reports[1]['search']} | {training} | {figures} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
