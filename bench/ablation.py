@@ -52,16 +52,6 @@ ATTENTION_VARIANTS = {
     "multi_head": ["model.attention=multi_head", "model.attention_qk_norm=false"],
     "scaled_dot_qk_norm": ["model.attention=scaled_dot", "model.attention_qk_norm=true"],
     "multi_head_qk_norm": ["model.attention=multi_head", "model.attention_qk_norm=true"],
-    # QK-norm whose keys' gains, a learned temperature, start at 2 and 3.
-    **{
-        f"{name}_qk_norm_t{scale}": [
-            f"model.attention={name}",
-            "model.attention_qk_norm=true",
-            f"model.attention_qk_norm_scale={scale}",
-        ]  # fmt: skip
-        for name in ("scaled_dot", "multi_head")
-        for scale in (2, 3)
-    },
 }
 VARIANTS = {
     name + suffix: settings + feeding

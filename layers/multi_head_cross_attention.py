@@ -6,7 +6,6 @@ import keras
 from keras import ops
 
 from layers.masking import masked_softmax
-from layers.scaled_dot_product_attention import key_norm
 from layers.source_attention import (
     SourceAttention,
     group_step_queries,
@@ -28,7 +27,6 @@ class MultiHeadCrossAttention(SourceAttention):
         qk_norm: layer-normalise each head's projected queries and keys before the product
             (see `ScaledDotProductAttention`; one gain per feature of a head, shared by the
             heads).
-        qk_norm_scale: the initial value of the keys' gains (see `ScaledDotProductAttention`).
 
     Shapes: see `SourceAttention`. `weights` are averaged over the heads, so they remain a
     distribution over the unmasked source positions (each head's weights are one).
@@ -42,7 +40,6 @@ class MultiHeadCrossAttention(SourceAttention):
         output_dim=None,
         use_bias=True,
         qk_norm=False,
-        qk_norm_scale=1.0,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -52,7 +49,6 @@ class MultiHeadCrossAttention(SourceAttention):
         self.output_dim = None if output_dim is None else int(output_dim)
         self.use_bias = bool(use_bias)
         self.qk_norm = bool(qk_norm)
-        self.qk_norm_scale = float(qk_norm_scale)
 
     def build(self, query_shape, memory_shape, memory_mask_shape=None):
         heads_keys = self.num_heads * self.key_dim
@@ -71,7 +67,7 @@ class MultiHeadCrossAttention(SourceAttention):
         self.output_projection.build(tuple(query_shape[:-1]) + (heads_values,))
         if self.qk_norm:
             self.query_norm = keras.layers.LayerNormalization(center=False, name="query_norm")
-            self.key_norm = key_norm(self.qk_norm_scale)
+            self.key_norm = keras.layers.LayerNormalization(center=False, name="key_norm")
             self.query_norm.build((None, self.key_dim))
             self.key_norm.build((None, self.key_dim))
 
@@ -132,6 +128,5 @@ class MultiHeadCrossAttention(SourceAttention):
             output_dim=self.output_dim,
             use_bias=self.use_bias,
             qk_norm=self.qk_norm,
-            qk_norm_scale=self.qk_norm_scale,
         )
         return config

@@ -8,17 +8,10 @@ from keras import ops
 from layers.source_attention import SourceAttention
 
 
-def key_norm(scale):
-    """The keys' LayerNormalization of QK-norm: no offset, gains starting at `scale`."""
-    gains = keras.initializers.Constant(scale)
-    return keras.layers.LayerNormalization(center=False, gamma_initializer=gains, name="key_norm")
-
-
 @keras.saving.register_keras_serializable(package="seq2seq")
 class ScaledDotProductAttention(SourceAttention):
     """score(q, k) = (W_q q) . (W_k k) / sqrt(d), or with `qk_norm`
-    score(q, k) = LN_q(W_q q) . LN_k(W_k k) / sqrt(d), whose keys' gains start at
-    `qk_norm_scale`.
+    score(q, k) = LN_q(W_q q) . LN_k(W_k k) / sqrt(d).
 
     Args:
         projection_dim: if set, queries and keys are projected to this size by learned
@@ -33,24 +26,17 @@ class ScaledDotProductAttention(SourceAttention):
             growth; Dehghani et al., 2023, "Scaling Vision Transformers to 22 Billion
             Parameters", and Henry et al., 2020, "Query-Key Normalization for Transformers").
             Needs `projection_dim`.
-        qk_norm_scale: the initial value of the keys' gains, hence a learned temperature of
-            the normalised scores: above 1, the attention can sharpen sooner (the scores start
-            with that standard deviation; Henry et al. start theirs from about log2(L^2 - L)
-            on cosines, much the same as 1 on our sqrt(d)-scaled products at d = 64).
 
     Shapes: see `SourceAttention`; `context` has the memory's feature size.
     """
 
-    def __init__(
-        self, projection_dim=None, project_values=False, qk_norm=False, qk_norm_scale=1.0, **kwargs
-    ):
+    def __init__(self, projection_dim=None, project_values=False, qk_norm=False, **kwargs):
         super().__init__(**kwargs)
         if qk_norm and projection_dim is None:
             raise ValueError("ScaledDotProductAttention(qk_norm=True) needs projection_dim.")
         self.projection_dim = None if projection_dim is None else int(projection_dim)
         self.project_values = bool(project_values)
         self.qk_norm = bool(qk_norm)
-        self.qk_norm_scale = float(qk_norm_scale)
 
     def build(self, query_shape, memory_shape, memory_mask_shape=None):
         query_dim, memory_dim = query_shape[-1], memory_shape[-1]
@@ -69,7 +55,7 @@ class ScaledDotProductAttention(SourceAttention):
             self.key_projection.build(memory_shape)
         if self.qk_norm:
             self.query_norm = keras.layers.LayerNormalization(center=False, name="query_norm")
-            self.key_norm = key_norm(self.qk_norm_scale)
+            self.key_norm = keras.layers.LayerNormalization(center=False, name="key_norm")
             self.query_norm.build(tuple(query_shape[:-1]) + (self.depth,))
             self.key_norm.build(tuple(memory_shape[:-1]) + (self.depth,))
         if self.project_values:
@@ -98,6 +84,5 @@ class ScaledDotProductAttention(SourceAttention):
             projection_dim=self.projection_dim,
             project_values=self.project_values,
             qk_norm=self.qk_norm,
-            qk_norm_scale=self.qk_norm_scale,
         )
         return config

@@ -115,7 +115,6 @@ SCHEMA = {
         "attention_scale": Field(bool, True),
         # scaled_dot and multi_head: on, they trained 0.6-2.9 BLEU better (bench/RESULTS.md)
         "attention_qk_norm": Field(bool, True),
-        "attention_qk_norm_scale": Field(float, 1.0, minimum=0.0),  # the keys' initial gains
         "input_feeding": Field(bool, False),
         "attention_vector_size": _positive_int(None, nullable=True),
         "bridge": Field(str, "dense", choices=("dense", "copy", "zero")),

@@ -20,16 +20,14 @@ def build_attention(model_config):
         # The concat score's v already learns its scale.
         scale = model_config["attention_scale"] and score != "concat"
         return layers.LuongAttention(score, scale=scale, units=units)
-    qk_norm = {
-        "qk_norm": model_config["attention_qk_norm"],
-        "qk_norm_scale": model_config["attention_qk_norm_scale"],
-    }
     if name == "scaled_dot":
         return layers.ScaledDotProductAttention(
-            projection_dim=units, project_values=True, **qk_norm
+            projection_dim=units, project_values=True, qk_norm=model_config["attention_qk_norm"]
         )
     heads = model_config["attention_heads"]
-    return layers.MultiHeadCrossAttention(heads, key_dim=max(1, units // heads), **qk_norm)
+    return layers.MultiHeadCrossAttention(
+        heads, key_dim=max(1, units // heads), qk_norm=model_config["attention_qk_norm"]
+    )
 
 
 def sampling_schedule(train_config):

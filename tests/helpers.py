@@ -28,9 +28,7 @@ ATTENTION_FACTORIES = {
     "scaled_dot_projected": lambda: layers.ScaledDotProductAttention(4, project_values=True),
     "multi_head": lambda: layers.MultiHeadCrossAttention(num_heads=2, key_dim=4),
     "scaled_dot_qk_norm": lambda: layers.ScaledDotProductAttention(4, qk_norm=True),
-    "multi_head_qk_norm": lambda: layers.MultiHeadCrossAttention(
-        2, 4, qk_norm=True, qk_norm_scale=2.0
-    ),
+    "multi_head_qk_norm": lambda: layers.MultiHeadCrossAttention(2, 4, qk_norm=True),
     "multi_head_one_qk_norm": lambda: layers.MultiHeadCrossAttention(1, 4, qk_norm=True),
 }
 

@@ -151,23 +151,19 @@ def test_multi_head_weights_average_the_heads(inputs):
     np.testing.assert_allclose(weights, _softmax(scores).mean(1), atol=1e-5)
 
 
-@pytest.mark.parametrize("scale", [1.0, 3.0])
 @pytest.mark.parametrize(
     "make",
     [
-        lambda scale: layers.ScaledDotProductAttention(4, qk_norm=True, qk_norm_scale=scale),
-        lambda scale: layers.MultiHeadCrossAttention(
-            2, 4, use_bias=False, qk_norm=True, qk_norm_scale=scale
-        ),
+        lambda: layers.ScaledDotProductAttention(4, qk_norm=True),
+        lambda: layers.MultiHeadCrossAttention(2, 4, use_bias=False, qk_norm=True),
     ],
     ids=["scaled_dot", "multi_head"],
 )
-def test_qk_norm_scores_are_normalised_projections(make, scale, inputs):
-    """score = s LN(W_q q) . LN(W_k k) / sqrt(d): blind to the scale of queries and keys (up to
-    LayerNorm's epsilon), each normalised projection of mean 0 and variance 1, times the keys'
-    initial gain s."""
+def test_qk_norm_scores_are_normalised_projections(make, inputs):
+    """score = LN(W_q q) . LN(W_k k) / sqrt(d): blind to the scale of queries and keys (up to
+    LayerNorm's epsilon), each normalised projection of mean 0 and variance 1 (gains at 1)."""
     memory, step_query, _ = inputs
-    attention = make(scale)
+    attention = make()
     _, weights = attention(step_query, memory, memory_mask=MASK)
     # Far from LayerNorm's epsilon (1e-3 of the variance), the scale changes nothing.
     _, larger = attention(5.0 * step_query, 5.0 * memory, memory_mask=MASK)
@@ -180,7 +176,7 @@ def test_qk_norm_scores_are_normalised_projections(make, scale, inputs):
 
     q = normalised(step_query @ attention.query_projection.kernel.numpy())
     k = normalised(memory @ attention.key_projection.kernel.numpy())
-    scores = scale * np.einsum("bhd,bshd->bhs", q, k) / 2.0
+    scores = np.einsum("bhd,bshd->bhs", q, k) / 2.0
     expected = _softmax(np.where(MASK[:, None, :], scores, -np.inf)).mean(1)
     np.testing.assert_allclose(weights, expected, atol=1e-5)
 
