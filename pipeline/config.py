@@ -158,6 +158,9 @@ SCHEMA = {
         "bleu_subset": _positive_int(200),
         "attention_images": Field(int, 3, minimum=0),  # validation sentences drawn each epoch
         "jit_compile": Field(bool, False),
+        # Trace this many training steps (after the first 10, which trace the graph) for
+        # TensorBoard's Profile tab (pip install xprof); bench/training_profile.py reads them.
+        "profile_steps": Field(int, 0, minimum=0),
         "precision": Field(str, "float32", choices=PRECISIONS),
     },
     "decode": {

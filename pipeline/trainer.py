@@ -43,6 +43,8 @@ from pipeline.workdir import (
     save_model_atomically,
 )
 
+PROFILE_AFTER = 10  # train.profile_steps starts after these (graph tracing, warm-up)
+
 
 class TrainingStream:
     """The training batches of this run: an endless stream per input pipeline, and where it
@@ -174,7 +176,9 @@ def _callbacks(config, workdir, task, manager, completed_epochs, translator, flo
             )
         )
     if task.is_chief:
-        callbacks.append(keras.callbacks.TensorBoard(str(workdir / LOG_DIR)))
+        profiled = train["profile_steps"]
+        steps = (PROFILE_AFTER + 1, PROFILE_AFTER + profiled) if profiled else 0
+        callbacks.append(keras.callbacks.TensorBoard(str(workdir / LOG_DIR), profile_batch=steps))
     # Last: on a signal, the other callbacks' train-end work (best weights) happens first.
     callbacks.append(training_callbacks.StopOnSignal(checkpointer, log))
     return callbacks

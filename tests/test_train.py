@@ -13,6 +13,7 @@ import yaml
 
 from pipeline import train
 from pipeline.config import PROJECT_ROOT, load_config
+from pipeline.trainer import PROFILE_AFTER
 
 SMOKE = str(PROJECT_ROOT / "configs" / "smoke.yaml")
 # TensorFlow's native log lines (`I0000 00:00:...`) and the notice before them.
@@ -78,6 +79,20 @@ def test_a_work_directory_of_another_model_is_refused(trained, capsys):
         train.main(["--config", SMOKE, "--workdir", str(workdir), "--set", "model.cell_type=lstm"])
     assert exit_info.value.code == 2
     assert "model.cell_type differ" in capsys.readouterr().err
+
+
+def test_profile_steps_write_a_trace_for_tensorboard(trained, tmp_path):
+    vocab = trained[0] / "vocab"
+    settings = [
+        "train.epochs=1", f"train.steps_per_epoch={PROFILE_AFTER + 1}", "train.profile_steps=1",
+        f"data.source_vocabulary={vocab / 'source.model'}",
+        f"data.target_vocabulary={vocab / 'target.model'}",
+        "data.valid_source=null", "data.valid_target=null", "train.bleu_every_epochs=0",
+        "data.test_source=null", "data.test_target=null",
+    ]  # fmt: skip
+    arguments = [argument for setting in settings for argument in ("--set", setting)]
+    train.main(["--config", SMOKE, "--workdir", str(tmp_path)] + arguments)
+    assert list((tmp_path / "logs" / "train" / "plugins" / "profile").glob("*/*.xplane.pb"))
 
 
 def summary_tags(log_dir, plugin):
