@@ -16,12 +16,14 @@ def token_cross_entropy(labels, logits, mask, label_smoothing=0.0):
         (loss, nll), both float32 `[batch, tgt_len]` and 0 at padding: `loss` is the smoothed
         cross-entropy to train on, `nll` the plain negative log-likelihood (for perplexity).
     """
-    log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
-    labels = ops.cast(labels, "int32")
-    nll = -ops.squeeze(ops.take_along_axis(log_probs, ops.expand_dims(labels, -1), axis=-1), -1)
+    logits = ops.cast(logits, "float32")
+    # The fused softmax cross-entropy: gathering each label's log-probability instead made
+    # its gradient a scatter over [batch, tgt_len, vocab], ~7% of a training step.
+    nll = ops.sparse_categorical_crossentropy(ops.cast(labels, "int32"), logits, from_logits=True)
     loss = nll
     if label_smoothing:
-        uniform = -ops.mean(log_probs, axis=-1)
+        # -mean(log p) = logsumexp(logits) - mean(logits): no log-softmax materialised.
+        uniform = ops.logsumexp(logits, axis=-1) - ops.mean(logits, axis=-1)
         loss = (1.0 - label_smoothing) * nll + label_smoothing * uniform
     weights = ops.cast(mask, "float32")
     return loss * weights, nll * weights

@@ -15,6 +15,33 @@ from pipeline.errors import UserError, first_line
 from pipeline.schedules import LearningRateSchedule
 
 
+@keras.saving.register_keras_serializable(package="seq2seq")
+class FusedAdam(keras.optimizers.Adam):
+    """Keras' Adam, each variable's update run as TensorFlow's fused Adam kernel: the same
+    formula in one pass over the variable and its two moments, where Keras' update is ten
+    element-wise ops, each a pass (10% of a training step at the TF tutorial's model size).
+    """
+
+    def update_step(self, gradient, variable, learning_rate):
+        if self.amsgrad:
+            return super().update_step(gradient, variable, learning_rate)
+        dtype = variable.dtype
+        step = tf.cast(self.iterations + 1, dtype)
+        index = self._get_variable_index(variable)
+        tf.raw_ops.ResourceApplyAdam(
+            var=variable.handle,
+            m=self._momentums[index].handle,
+            v=self._velocities[index].handle,
+            beta1_power=tf.pow(tf.cast(self.beta_1, dtype), step),
+            beta2_power=tf.pow(tf.cast(self.beta_2, dtype), step),
+            lr=tf.cast(learning_rate, dtype),
+            beta1=tf.cast(self.beta_1, dtype),
+            beta2=tf.cast(self.beta_2, dtype),
+            epsilon=tf.cast(self.epsilon, dtype),
+            grad=tf.cast(tf.convert_to_tensor(gradient), dtype),
+        )
+
+
 class StepCountingLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     """Keras' dynamic loss scaling, with `iterations` counting every step.
 
@@ -38,7 +65,7 @@ def make_optimizer(train, learning_rate):
         train["decay_steps"],
         train["decay_rate"],
     )
-    adam = keras.optimizers.Adam(schedule, global_clipnorm=train["clip_norm"] or None)
+    adam = FusedAdam(schedule, global_clipnorm=train["clip_norm"] or None)
     if train["precision"] == "mixed_float16":  # float16 gradients underflow without scaling
         return StepCountingLossScaleOptimizer(adam)
     return adam

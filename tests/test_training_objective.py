@@ -1,12 +1,15 @@
-"""Scheduled-sampling schedules, masked losses and metrics."""
+"""Scheduled-sampling schedules, masked losses and metrics, the optimizer."""
 
 import math
 
+import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from layers.scheduled_sampling import SamplingSchedule
 from layers.token_losses import Perplexity, TokenAccuracy, token_cross_entropy
+from pipeline.checkpoints import FusedAdam
 
 
 def test_constant_schedule():
@@ -68,3 +71,31 @@ def test_token_accuracy_and_perplexity_count_real_tokens_only():
     perplexity.update_state(nll, mask)
     perplexity.update_state(nll, mask)
     assert float(perplexity.result()) == pytest.approx(math.exp(float(np.sum(nll)) / 3), rel=1e-5)
+
+
+def _adam_steps(optimizer, weights, batches):
+    """`weights` after one step of `optimizer` per batch of ids (gathered rows @ a matrix)."""
+    embedding, dense = (keras.Variable(w) for w in weights)
+
+    @tf.function
+    def step(ids):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(tf.gather(embedding, ids) @ dense - 1.0))
+        gradients = tape.gradient(loss, [embedding, dense])
+        optimizer.apply_gradients(zip(gradients, [embedding, dense], strict=True))
+
+    for ids in batches:
+        step(tf.constant(ids))
+    return [embedding.numpy(), dense.numpy()]
+
+
+def test_fused_adam_updates_as_keras_adam():
+    """Sparse (embedding) and dense gradients, clipped, over 20 steps: the same weights."""
+    init = np.random.default_rng(0).normal(size=(50, 8)).astype("float32")
+    weights = [init, init[:8]]
+    batches = [np.random.default_rng(i).integers(0, 50, 16) for i in range(20)]
+    expected = _adam_steps(keras.optimizers.Adam(1e-2, global_clipnorm=1.0), weights, batches)
+    fused = _adam_steps(FusedAdam(1e-2, global_clipnorm=1.0), weights, batches)
+    assert not np.allclose(expected[0], init, atol=0.05)  # the steps moved the weights
+    for expected_weights, fused_weights in zip(expected, fused, strict=True):
+        np.testing.assert_allclose(fused_weights, expected_weights, atol=1e-5)
