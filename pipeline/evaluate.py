@@ -92,3 +92,7 @@ def main(argv=None):
     text = json.dumps(report, indent=2) + "\n"
     write_text_atomically(args.workdir / f"eval_{name}.json", text)
     print(text, end="")
+
+
+if __name__ == "__main__":
+    main()

@@ -52,3 +52,13 @@ def test_the_onnx_translators_old_name_still_resolves():
 
     with pytest.warns(DeprecationWarning, match="OnnxTranslator"):
         assert export.runtime.Translator is export.runtime.OnnxTranslator
+
+
+def test_every_command_module_runs_as_a_script():
+    """A module whose docstring says `python -m pipeline.X` must run `main()` as `__main__`;
+    without the guard, the command exits 0 having done nothing."""
+    for path in sorted((PROJECT_ROOT / "pipeline").glob("*.py")):
+        module = f"pipeline.{path.stem}"
+        docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
+        if f"python -m {module}" in docstring:
+            assert 'if __name__ == "__main__":' in path.read_text(), module
