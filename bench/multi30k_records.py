@@ -7,8 +7,9 @@ checkpoints (`python -m pipeline.average`, into `WORKDIR-avgN`, reused when pres
 validation and test splits are translated with the recipe's own search and scored:
 - sacreBLEU on the raw references, cased and lowercased, and chrF: how this toolkit scores;
 - "tok. lc. BLEU": hypotheses and references Moses-tokenised (sacremoses, the target language)
-  and lowercased, then BLEU without smoothing, as `multi-bleu.perl` computes it: how the
-  published Multi30k anchors are scored, so the two can be compared;
+  and lowercased (`pip install -e ".[bench]"`), then BLEU without smoothing, as
+  `multi-bleu.perl` computes it: how the published Multi30k anchors are scored, so the two
+  can be compared;
 - the training time the run reported (its `test_report.json`).
 Choose between recipes on the validation columns only; the test columns are the record.
 """
