@@ -52,6 +52,11 @@ ATTENTION_VARIANTS = {
     "multi_head": ["model.attention=multi_head", "model.attention_qk_norm=false"],
     "scaled_dot_qk_norm": ["model.attention=scaled_dot", "model.attention_qk_norm=true"],
     "multi_head_qk_norm": ["model.attention=multi_head", "model.attention_qk_norm=true"],
+    "multi_head_qk_norm_one_head": [
+        "model.attention=multi_head",
+        "model.attention_qk_norm=true",
+        "model.attention_heads=1",
+    ],  # fmt: skip
 }
 VARIANTS = {
     name + suffix: settings + feeding

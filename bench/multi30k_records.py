@@ -1,6 +1,7 @@
 """Scores of trained recipes on validation and test, the toolkit's way and the published way.
 
     python bench/multi30k_records.py --workdirs runs/A [runs/B ...] [--average 1 5 10]
+        [--beam-sizes 4 5 8] [--length-penalties 0.6 1.0]
 
 For each trained work directory, and with `--average` for models averaged from its last N kept
 checkpoints (`python -m pipeline.average`, into `WORKDIR-avgN`, reused when present), the
@@ -11,7 +12,10 @@ validation and test splits are translated with the recipe's own search and score
   `multi-bleu.perl` computes it: how the published Multi30k anchors are scored, so the two
   can be compared;
 - the training time the run reported (its `test_report.json`).
-Choose between recipes on the validation columns only; the test columns are the record.
+With `--beam-sizes` or `--length-penalties`, validation is translated with every combination
+(one row each) and test only with the one of highest validation BLEU, so that the search is
+chosen on validation. Choose between recipes on the validation columns only; the test columns
+are the record.
 """
 
 import argparse
@@ -50,17 +54,20 @@ def averaged(workdir, last):
     return output
 
 
-def score(workdir, split):
+def score(loaded, split, beam_size=None, length_penalty=None):
     from pipeline.config import model_languages
     from pipeline.evaluate import translate_split
     from pipeline.evaluation import score_translations
 
-    loaded, _, corpus, hypotheses, options = translate_split(workdir, split)
+    _, corpus, hypotheses, options = translate_split(loaded, split, beam_size, length_penalty)
     report = score_translations(hypotheses, corpus.targets)
     language = model_languages(loaded[0]["data"]).get("target", "en")
     report["bleu_tok_lc"] = round(tokenized_lowercase_bleu(hypotheses, corpus.targets, language), 2)
-    report["search"] = f"beam {options.beam_size}, lp {options.length_penalty}"
+    report["search"] = (options.beam_size, options.length_penalty)
     return report
+
+
+COLUMNS = ("bleu", "bleu_lowercase", "chrf", "bleu_tok_lc")
 
 
 def main():
@@ -70,14 +77,17 @@ def main():
         "--average", type=int, nargs="*", default=[],
         help="also score the mean of the last N kept checkpoints, for each N",
     )  # fmt: skip
+    parser.add_argument("--beam-sizes", type=int, nargs="+", default=[None])
+    parser.add_argument("--length-penalties", type=float, nargs="+", default=[None])
     args = parser.parse_args()
-    columns = ("bleu", "bleu_lowercase", "chrf", "bleu_tok_lc")
+    from pipeline.workdir import load_trained
+
     print(
         "| model | search | training | "
-        + " | ".join(f"{split} {column}" for split in ("valid", "test") for column in columns)
+        + " | ".join(f"{split} {column}" for split in ("valid", "test") for column in COLUMNS)
         + " |"
     )
-    print("|---|---|---:|" + "---:|" * 2 * len(columns))
+    print("|---|---|---:|" + "---:|" * 2 * len(COLUMNS))
     for workdir in args.workdirs:
         report_path = workdir / "test_report.json"
         seconds = json.loads(report_path.read_text()).get("training_seconds") if (
@@ -85,11 +95,21 @@ def main():
         ) else None  # fmt: skip
         training = f"{seconds / 60:.0f} min" if seconds else "?"
         for model in [workdir] + [averaged(workdir, last) for last in args.average]:
-            reports = [score(model, split) for split in ("valid", "test")]
-            figures = " | ".join(
-                f"{report[column]:.2f}" for report in reports for column in columns
-            )
-            print(f"| {model.name} | {reports[1]['search']} | {training} | {figures} |", flush=True)
+            loaded = load_trained(model)
+            valid = [
+                score(loaded, "valid", beam_size, length_penalty)
+                for beam_size in args.beam_sizes
+                for length_penalty in args.length_penalties
+            ]
+            best = max(valid, key=lambda report: report["bleu"])
+            test = score(loaded, "test", *best["search"])
+            for report in valid:
+                figures = [f"{report[column]:.2f}" for column in COLUMNS]
+                tested = report is best
+                figures += [f"{test[column]:.2f}" if tested else "" for column in COLUMNS]
+                search = "beam {}, lp {}".format(*report["search"])
+                row = [model.name, search, training] + figures
+                print("| " + " | ".join(row) + " |", flush=True)
 
 
 if __name__ == "__main__":

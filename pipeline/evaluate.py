@@ -40,19 +40,16 @@ def _corpus(config, split):
     return Path(split).name, read_tsv(split)
 
 
-def translate_split(workdir, split, beam_size=None, length_penalty=None, batch_size=None):
-    """Translate a split of the trained work directory `workdir` with its decode settings
-    (overridden where given).
+def translate_split(loaded, split, beam_size=None, length_penalty=None, batch_size=None):
+    """Translate a split with a trained model, `load_trained`'s (config, model, source
+    tokenizer, target tokenizer), and its decode settings (overridden where given).
 
-    Returns (loaded, name, corpus, hypotheses, options): `loaded` is `load_trained`'s
-    (config, model, source tokenizer, target tokenizer), `name` the split's name.
+    Returns (name, corpus, hypotheses, options): `name` is the split's name.
     """
     from tqdm import tqdm
 
     from pipeline.translation import SearchOptions, Translator
-    from pipeline.workdir import load_trained
 
-    loaded = load_trained(workdir)
     config, model, source_tokenizer, target_tokenizer = loaded
     name, corpus = _corpus(config, split)
     options = SearchOptions.from_config(
@@ -64,7 +61,7 @@ def translate_split(workdir, split, beam_size=None, length_penalty=None, batch_s
     )  # fmt: skip
     with tqdm(total=len(corpus), unit="sent", file=sys.stderr, desc=f"translating {name}") as bar:
         hypotheses = translator.translate_best(corpus.sources, progress=bar.update)
-    return loaded, name, corpus, hypotheses, options
+    return name, corpus, hypotheses, options
 
 
 @report_user_errors
@@ -74,11 +71,13 @@ def main(argv=None):
         raise UserError(f"--beam-size must be at least 1, got {args.beam_size}")
     from pipeline.atomic_files import write_text_atomically
     from pipeline.evaluation import corpus_perplexity, score_translations
+    from pipeline.workdir import load_trained
 
-    loaded, name, corpus, hypotheses, options = translate_split(
-        args.workdir, args.split, args.beam_size, args.length_penalty, args.batch_size
-    )
+    loaded = load_trained(args.workdir)
     config, model, source_tokenizer, target_tokenizer = loaded
+    name, corpus, hypotheses, options = translate_split(
+        loaded, args.split, args.beam_size, args.length_penalty, args.batch_size
+    )
     report = score_translations(hypotheses, corpus.targets)
 
     perplexity = corpus_perplexity(
