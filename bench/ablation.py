@@ -49,14 +49,28 @@ ATTENTION_VARIANTS = {
     ],
     "luong_concat": ["model.attention=luong_concat"],
     "scaled_dot": ["model.attention=scaled_dot", "model.attention_qk_norm=false"],
-    "multi_head": ["model.attention=multi_head", "model.attention_qk_norm=false"],
+    "multi_head": [
+        "model.attention=multi_head",
+        "model.attention_qk_norm=false",
+        "model.attention_project_values=true",
+    ],
     "scaled_dot_qk_norm": ["model.attention=scaled_dot", "model.attention_qk_norm=true"],
-    "multi_head_qk_norm": ["model.attention=multi_head", "model.attention_qk_norm=true"],
+    "multi_head_qk_norm": [
+        "model.attention=multi_head",
+        "model.attention_qk_norm=true",
+        "model.attention_project_values=true",
+    ],
+    "multi_head_qk_norm_raw_values": [
+        "model.attention=multi_head",
+        "model.attention_qk_norm=true",
+        "model.attention_project_values=false",
+    ],
     "multi_head_qk_norm_one_head": [
         "model.attention=multi_head",
         "model.attention_qk_norm=true",
         "model.attention_heads=1",
-    ],  # fmt: skip
+        "model.attention_project_values=true",
+    ],
 }
 VARIANTS = {
     name + suffix: settings + feeding

@@ -9,7 +9,8 @@ Data: the peer's split of Tatoeba spa-eng (its README): test = the last 2,000 of
 the rest; written as Spanish<TAB>English TSVs for this toolkit.
 
 Our side is the peer's model size in this toolkit (`OUR_MODEL`: bidirectional GRU 256 summed,
-one-head multi-head cross-attention without QK-norm, GRU 256 decoder, zero bridge, no input
+one-head multi-head cross-attention without QK-norm, with value projection as Keras' layer
+has, GRU 256 decoder, zero bridge, no input
 feeding, dropout 0, 5k/5k SentencePiece vocabularies), batch 64, otherwise the toolkit's
 defaults.
 
@@ -57,8 +58,8 @@ WINDOW = 100  # steps per timing window, on both sides
 OUR_MODEL = {
     "cell_type": "gru", "embedding_dim": 256, "encoder_units": 256, "bidirectional": True,
     "merge_mode": "sum", "decoder_units": 256, "attention": "multi_head", "attention_heads": 1,
-    "attention_units": 256, "attention_qk_norm": False, "input_feeding": False, "bridge": "zero",
-    "dropout": 0.0,
+    "attention_units": 256, "attention_qk_norm": False, "attention_project_values": True,
+    "input_feeding": False, "bridge": "zero", "dropout": 0.0,
 }  # fmt: skip
 ENVIRONMENT = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(PROJECT_ROOT)}
 

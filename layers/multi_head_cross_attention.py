@@ -22,11 +22,16 @@ class MultiHeadCrossAttention(SourceAttention):
         num_heads: number of heads.
         key_dim: size of each head's query and key projections.
         value_dim: size of each head's value projection; defaults to `key_dim`.
+            Not used without `project_values`.
         output_dim: size of the context vector; defaults to the memory's size.
         use_bias: biases in the projections.
         qk_norm: layer-normalise each head's projected queries and keys before the product
             (see `ScaledDotProductAttention`; one gain per feature of a head, shared by the
             heads).
+        project_values: mix learned projections of the memory (Vaswani et al.). Without it,
+            head h mixes the h-th of `num_heads` equal slices of the memory's own features,
+            so the context is a weighted sum of encoder states as in Luong's and Bahdanau's
+            attention (the memory's size must divide by `num_heads`).
 
     Shapes: see `SourceAttention`. `weights` are averaged over the heads, so they remain a
     distribution over the unmasked source positions (each head's weights are one).
@@ -40,6 +45,7 @@ class MultiHeadCrossAttention(SourceAttention):
         output_dim=None,
         use_bias=True,
         qk_norm=False,
+        project_values=True,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -49,21 +55,30 @@ class MultiHeadCrossAttention(SourceAttention):
         self.output_dim = None if output_dim is None else int(output_dim)
         self.use_bias = bool(use_bias)
         self.qk_norm = bool(qk_norm)
+        self.project_values = bool(project_values)
 
     def build(self, query_shape, memory_shape, memory_mask_shape=None):
         heads_keys = self.num_heads * self.key_dim
+        if not self.project_values:
+            if memory_shape[-1] % self.num_heads:
+                raise ValueError(
+                    f"MultiHeadCrossAttention(project_values=False) needs the memory's size "
+                    f"({memory_shape[-1]}) to divide by num_heads ({self.num_heads})."
+                )
+            self.value_dim_per_head = memory_shape[-1] // self.num_heads
         heads_values = self.num_heads * self.value_dim_per_head
         self.query_projection = keras.layers.Dense(heads_keys, use_bias=self.use_bias, name="query")
         self.key_projection = keras.layers.Dense(heads_keys, use_bias=self.use_bias, name="key")
-        self.value_projection = keras.layers.Dense(
-            heads_values, use_bias=self.use_bias, name="value"
-        )
+        if self.project_values:
+            self.value_projection = keras.layers.Dense(
+                heads_values, use_bias=self.use_bias, name="value"
+            )
+            self.value_projection.build(memory_shape)
         self.output_projection = keras.layers.Dense(
             self.value_dim(memory_shape[-1]), use_bias=self.use_bias, name="output"
         )
         self.query_projection.build(query_shape)
         self.key_projection.build(memory_shape)
-        self.value_projection.build(memory_shape)
         self.output_projection.build(tuple(query_shape[:-1]) + (heads_values,))
         if self.qk_norm:
             self.query_norm = keras.layers.LayerNormalization(center=False, name="query_norm")
@@ -85,7 +100,8 @@ class MultiHeadCrossAttention(SourceAttention):
         keys = self._split_heads(self.key_projection(memory), self.key_dim)
         if self.qk_norm:
             keys = self.key_norm(keys)
-        values = self._split_heads(self.value_projection(memory), self.value_dim_per_head)
+        projected_values = self.value_projection(memory) if self.project_values else memory
+        values = self._split_heads(projected_values, self.value_dim_per_head)
         return (ops.transpose(keys, (0, 2, 3, 1)), ops.transpose(values, (0, 2, 1, 3)))
 
     def attend(self, query, memory_cache, memory_mask=None):
@@ -128,5 +144,6 @@ class MultiHeadCrossAttention(SourceAttention):
             output_dim=self.output_dim,
             use_bias=self.use_bias,
             qk_norm=self.qk_norm,
+            project_values=self.project_values,
         )
         return config

@@ -26,7 +26,10 @@ def build_attention(model_config):
         )
     heads = model_config["attention_heads"]
     return layers.MultiHeadCrossAttention(
-        heads, key_dim=max(1, units // heads), qk_norm=model_config["attention_qk_norm"]
+        heads,
+        key_dim=max(1, units // heads),
+        qk_norm=model_config["attention_qk_norm"],
+        project_values=model_config["attention_project_values"],
     )
 
 

@@ -30,6 +30,9 @@ ATTENTION_FACTORIES = {
     "scaled_dot_qk_norm": lambda: layers.ScaledDotProductAttention(4, qk_norm=True),
     "multi_head_qk_norm": lambda: layers.MultiHeadCrossAttention(2, 4, qk_norm=True),
     "multi_head_one_qk_norm": lambda: layers.MultiHeadCrossAttention(1, 4, qk_norm=True),
+    "multi_head_raw_values": lambda: layers.MultiHeadCrossAttention(
+        2, 4, qk_norm=True, project_values=False
+    ),
 }
 
 

@@ -151,6 +151,21 @@ def test_multi_head_weights_average_the_heads(inputs):
     np.testing.assert_allclose(weights, _softmax(scores).mean(1), atol=1e-5)
 
 
+def test_multi_head_without_value_projection_mixes_the_memorys_slices(inputs):
+    """Head h's context is its weights' mix of the h-th slice of the memory's own features."""
+    memory, step_query, _ = inputs
+    attention = layers.MultiHeadCrossAttention(2, 4, use_bias=False, project_values=False)
+    context, _ = attention(step_query, memory, memory_mask=MASK)
+    q = (step_query @ attention.query_projection.kernel.numpy()).reshape(3, 2, 4)
+    k = (memory @ attention.key_projection.kernel.numpy()).reshape(3, 5, 2, 4)
+    scores = np.where(MASK[:, None, :], np.einsum("bhd,bshd->bhs", q, k) / 2.0, -np.inf)
+    heads = np.einsum("bhs,bshd->bhd", _softmax(scores), memory.reshape(3, 5, 2, DIM // 2))
+    expected = heads.reshape(3, DIM) @ attention.output_projection.kernel.numpy()
+    np.testing.assert_allclose(context, expected, atol=1e-5)
+    with pytest.raises(ValueError, match="divide by num_heads"):
+        layers.MultiHeadCrossAttention(3, 4, project_values=False)(step_query, memory)
+
+
 @pytest.mark.parametrize(
     "make",
     [

@@ -59,6 +59,11 @@ def test_paths_resolve_against_the_config_file(tmp_path):
             MINIMAL + "model:\n  attention: none\n  input_feeding: true\n",
             "model.input_feeding needs",
         ),
+        (
+            MINIMAL + "model:\n  attention: multi_head\n  attention_heads: 3\n"
+            "  attention_project_values: false\n",
+            "model.attention_project_values false needs the encoder output size (512) to divide",
+        ),
         ("data:\n  train_source: a.de\n", "data.train_target is missing"),
         ("model:\n  dropout: 0.1\n", "no training data"),
         (MINIMAL + "  train_tsv: a.tsv\n", "alternatives"),
