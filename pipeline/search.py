@@ -115,49 +115,90 @@ def ngram_blocking(size):
     return NgramBlocking(lag, context, offsets, offsets >= size - 1)
 
 
-def _block_repeated_ngrams(logits, ids, t, blocking):
-    """Forbids each token that would complete an n-gram its hypothesis already holds, as
-    fairseq's and CTranslate2's `no_repeat_ngram_size` do. The work is on the n-grams written
-    so far and one scatter into `logits`: no pass over `[rows, vocab]`.
+def _repeated_ngram_followers(ids, t, blocking):
+    """For each n-gram complete before position t: whether the hypothesis' latest n - 1 tokens
+    repeat its first n - 1, and the token that followed them there (the one a repeat bans).
 
     Args:
-        logits: float32 `[rows, vocab]`, the next token's.
         ids: int32 `[rows, width]`: each row's `t` tokens so far, then padding.
         t: scalar int32, the tokens written so far.
-        blocking: an `NgramBlocking`, or None (nothing forbidden).
+        blocking: an `NgramBlocking`.
+
+    Returns `repeats` bool `[rows, starts]` and `following` int32 `[rows, starts]`, where
+    `starts` is the number of earlier n-grams (0 while t < n, or for n = 0).
     """
-    if blocking is None:
-        return logits
-    # The earlier n-grams' starts: those complete before position t (none while t < n, or
-    # for n = 0). Every index below is then within [0, t).
+    # Every index below is within [0, t).
     starts = tf.range(tf.maximum(t - blocking.lag, 0))
     earlier = tf.gather(ids, tf.expand_dims(starts, 1) + blocking.offsets, axis=1)
     latest = tf.gather(ids, tf.maximum(t - blocking.context + blocking.offsets, 0), axis=1)
     same = tf.logical_or(tf.equal(earlier, tf.expand_dims(latest, 1)), blocking.wildcard)
-    repeats = tf.where(tf.reduce_all(same, axis=2))  # int64 [repeats, 2]: (row, start)
-    following = tf.gather_nd(tf.gather(ids, starts + blocking.lag, axis=1), repeats)
-    banned = tf.stack([repeats[:, 0], tf.cast(following, tf.int64)], axis=1)
+    return tf.reduce_all(same, axis=2), tf.gather(ids, starts + blocking.lag, axis=1)
+
+
+def _block_repeated_ngrams(log_probs, ids, t, blocking):
+    """Forbids each token that would complete an n-gram its hypothesis already holds, as
+    fairseq's and CTranslate2's `no_repeat_ngram_size` do: its log-probability becomes
+    NEG_INF, the others' stay the model's. One scatter into `log_probs`, no pass over it.
+
+    Args:
+        log_probs: float32 `[rows, vocab]`, the next token's.
+        ids, t, blocking: as `_repeated_ngram_followers`' (blocking None: nothing forbidden).
+    """
+    if blocking is None:
+        return log_probs
+    repeats, following = _repeated_ngram_followers(ids, t, blocking)
+    banned = tf.where(repeats)  # int64 [banned, 2]: (row, start)
+    banned = tf.stack([banned[:, 0], tf.cast(tf.gather_nd(following, banned), tf.int64)], 1)
     # Every update is NEG_INF, so a token banned twice is no conflict.
-    return tf.tensor_scatter_nd_update(logits, banned, tf.fill(tf.shape(following), NEG_INF))
+    return tf.tensor_scatter_nd_update(log_probs, banned, tf.fill(tf.shape(banned)[:1], NEG_INF))
 
 
-def _force(beam_logits, beam_tokens, per_row, logits, forced, pad_id):
+def _best_unblocked(log_probs, ids, t, blocking, count):
+    """Each row's `count` likeliest tokens that complete no repeated n-gram (see
+    `_block_repeated_ngrams`; blocked ones, where fewer remain, at NEG_INF), best first:
+    `(log_probs, tokens)`, `[rows, count]` each.
+
+    A row bans at most one token per earlier n-gram, so its best `count` unblocked tokens are
+    among its best `count + starts`: those are ranked, and the banned ones among them marked by
+    comparison. Beam search's steps thus never copy `[rows, vocab]` (ONNX Runtime's scatter
+    does, at every step, whether or not blocking is asked).
+    """
+    if blocking is None:
+        return tf.math.top_k(log_probs, k=count)
+    vocab = tf.shape(log_probs)[1]
+    wider = tf.minimum(count + tf.maximum(t - blocking.lag, 0), vocab)
+    best, tokens = tf.math.top_k(log_probs, k=wider)
+    repeats, following = _repeated_ngram_followers(ids, t, blocking)
+    # A never-matching column: ONNX Runtime mishandles reductions over an empty axis.
+    rows = tf.shape(ids)[:1]
+    repeats = tf.concat([repeats, tf.zeros(tf.concat([rows, [1]], 0), tf.bool)], 1)
+    following = tf.concat([following, tf.fill(tf.concat([rows, [1]], 0), -1)], 1)
+    matches = tf.equal(tokens[:, :, None], following[:, None, :])
+    banned = tf.reduce_any(tf.logical_and(matches, repeats[:, None, :]), axis=2)
+    best, order = tf.math.top_k(tf.where(banned, NEG_INF, best), k=count)
+    return best, tf.gather(tokens, order, batch_dims=1)
+
+
+def _force(beam_log_probs, beam_tokens, per_row, log_probs, forced, pad_id):
     """Makes the forced token the only candidate of the rows that have one, after the per-row
-    top-k (`beam_logits`, `beam_tokens`: `[rows, per_row]`), so that forcing costs no pass over
-    `logits` (`[rows, vocab]`): the row's first candidate becomes it, the others impossible.
-    A forced token the model (or a constraint) deems impossible stays possible, at a score of
-    NEG_INF / 4, so that its hypothesis is extended."""
+    top-k (`beam_log_probs`, `beam_tokens`: `[rows, per_row]`), so that forcing costs no pass
+    over `log_probs` (`[rows, vocab]`): the row's first candidate becomes it, the others
+    impossible. It keeps its log-probability under the model (a blocked n-gram included); one
+    the model deems impossible stays possible, at NEG_INF / 4, so that its hypothesis is
+    extended."""
     forcing = tf.expand_dims(tf.not_equal(forced, pad_id), 1)
-    forced_logit = tf.maximum(tf.gather(logits, forced, batch_dims=1), NEG_INF / 4)
+    forced_log_prob = tf.maximum(tf.gather(log_probs, forced, batch_dims=1), NEG_INF / 4)
     only_first = tf.where(tf.equal(tf.range(per_row), 0), 0.0, NEG_INF)
-    beam_logits = tf.where(forcing, tf.expand_dims(forced_logit, 1) + only_first, beam_logits)
-    return beam_logits, tf.where(forcing, tf.expand_dims(forced, 1), beam_tokens)
+    beam_log_probs = tf.where(
+        forcing, tf.expand_dims(forced_log_prob, 1) + only_first, beam_log_probs
+    )
+    return beam_log_probs, tf.where(forcing, tf.expand_dims(forced, 1), beam_tokens)
 
 
 def _sequential_search(
     model, source_ids, max_lengths, choose, min_length=0, no_repeat=0, target_prefix=None
 ):
-    """Picks one token per step with `choose(log_probs, logits, t)`, or the sentence's prefix
+    """Picks one token per step with `choose(log_probs, t)`, or the sentence's prefix
     token while it has one; a source is finished at </s> or at its limit."""
     batch = tf.shape(source_ids)[0]
     limits, width, prefix = _limits_width_and_prefix(
@@ -178,9 +219,8 @@ def _sequential_search(
     def step(t, tokens, state, ids, attention, finished, scores):
         logits, state, weights = model.decode_step(tokens, state, encoded, t)
         logits = _suppress_eos(tf.cast(logits, tf.float32), model.eos_id, t, min_length)
-        logits = _block_repeated_ngrams(logits, ids, t, blocking)
-        log_probs = tf.nn.log_softmax(logits)
-        chosen = choose(log_probs, logits, t)
+        log_probs = _block_repeated_ngrams(tf.nn.log_softmax(logits), ids, t, blocking)
+        chosen = choose(log_probs, t)
         if prefix is not None:
             forced = tf.gather(prefix, t, axis=1)
             chosen = tf.where(tf.not_equal(forced, model.pad_id), forced, chosen)
@@ -228,7 +268,7 @@ def greedy_search(
         attention: float32 `[batch, width, src_len]` (zeros for a model without it).
     """
 
-    def argmax(log_probs, logits, t):
+    def argmax(log_probs, t):
         return tf.argmax(log_probs, axis=-1, output_type=tf.int32)
 
     return _sequential_search(
@@ -276,8 +316,8 @@ def sampling_search(
     log-probabilities."""
     seeds = sentence_seeds(source_ids, model.pad_id, seed)
 
-    def draw(log_probs, logits, t):
-        filtered = _filter_logits(logits / temperature, top_k, top_p)
+    def draw(log_probs, t):
+        filtered = _filter_logits(log_probs / temperature, top_k, top_p)
 
         def draw_one(row_and_seed):
             row, row_seed = row_and_seed
@@ -448,18 +488,19 @@ def _expand(model, state, sources, beam_size, min_length, blocking):
     t, alive = state.t, state.alive
     logits, decoder, weights = model.decode_step(state.tokens, state.decoder, sources.encoded, t)
     logits = _suppress_eos(tf.cast(logits, tf.float32), model.eos_id, t, min_length)
-    logits = _block_repeated_ngrams(logits, tf.reshape(alive.ids, [n * beam_size, -1]), t, blocking)
-    normaliser = tf.reduce_logsumexp(logits, axis=-1, keepdims=True)
+    # One LogSoftmax kernel in ONNX Runtime (a logsumexp is five passes over [rows, vocab]).
+    step_log_probs = tf.nn.log_softmax(logits)
     # A source's best 2k candidates are among each beam's 2k likeliest tokens: rank those
-    # alone, normalised as logit - logsumexp, rather than [n, k * vocab] log-probabilities.
+    # alone rather than [n, k * vocab] totals.
     per_beam = tf.minimum(2 * beam_size, model.target_vocab_size)
-    beam_logits, beam_tokens = tf.math.top_k(logits, k=per_beam)
+    beam_log_probs, beam_tokens = _best_unblocked(
+        step_log_probs, tf.reshape(alive.ids, [n * beam_size, -1]), t, blocking, per_beam
+    )
     if isinstance(sources.prefix, tf.Tensor):  # a forced token keeps its log-probability
         forced = tf.reshape(tf.gather(sources.prefix, t, axis=2), [-1])
-        beam_logits, beam_tokens = _force(
-            beam_logits, beam_tokens, per_beam, logits, forced, model.pad_id
+        beam_log_probs, beam_tokens = _force(
+            beam_log_probs, beam_tokens, per_beam, step_log_probs, forced, model.pad_id
         )
-    beam_log_probs = beam_logits - normaliser
     beam_log_probs = tf.reshape(beam_log_probs, [n, beam_size, per_beam])
     totals = tf.reshape(alive.log_probs[:, :, None] + beam_log_probs, [n, -1])
     log_probs, best = tf.math.top_k(totals, k=2 * beam_size)

@@ -10,6 +10,7 @@ import tensorflow as tf
 import layers
 from helpers import reversal_data
 from pipeline.search import (
+    _best_unblocked,
     _block_repeated_ngrams,
     beam_search,
     decode_length_limits,
@@ -173,6 +174,28 @@ def test_no_repeat_ngram_blocking_forbids_exactly_the_repeating_tokens(rng, as_t
             for row in range(20):
                 expected = banned_by_brute_force(written[row], t, size)
                 assert set(np.flatnonzero(blocked[row] < -1e8)) == expected, (size, t, row)
+
+
+@pytest.mark.parametrize("size", [0, 1, 2, 3])
+def test_beam_candidates_are_the_best_tokens_no_ngram_blocks(rng, size):
+    """Beam search ranks a few candidates per hypothesis instead of blocking the whole
+    vocabulary: they must be the best unblocked tokens, whatever the count and step."""
+    vocab, width, rows = 9, 10, 16
+    ids = rng.integers(4, vocab, (rows, width)).astype(np.int32)
+    log_probs = np.log(rng.dirichlet(np.ones(vocab), rows)).astype(np.float32)
+    blocking = ngram_blocking(tf.constant(size))
+    for t in range(width + 1):
+        written = np.where(np.arange(width) < t, ids, PAD).astype(np.int32)
+        for count in (1, 4, vocab):
+            best, tokens = _best_unblocked(
+                tf.constant(log_probs), tf.constant(written), tf.constant(t), blocking, count
+            )
+            for row in range(rows):
+                banned = banned_by_brute_force(written[row], t, size)
+                allowed = [v for v in np.argsort(-log_probs[row]) if v not in banned]
+                kept = [v for v, b in zip(tokens[row].numpy(), best[row].numpy()) if b > -1e8]
+                assert kept == allowed[:count], (size, t, count, row)
+                np.testing.assert_allclose(best[row, : len(kept)], log_probs[row, kept])
 
 
 LOOP = table({BOS: {A: 0.6, B: 0.4}, A: {B: 0.98, EOS: 0.02}, B: {A: 0.97, C: 0.02, EOS: 0.01},
