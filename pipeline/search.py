@@ -219,13 +219,14 @@ def _sequential_search(
     def step(t, tokens, state, ids, attention, finished, scores):
         logits, state, weights = model.decode_step(tokens, state, encoded, t)
         logits = _suppress_eos(tf.cast(logits, tf.float32), model.eos_id, t, min_length)
-        log_probs = _block_repeated_ngrams(tf.nn.log_softmax(logits), ids, t, blocking)
-        chosen = choose(log_probs, t)
+        model_log_probs = tf.nn.log_softmax(logits)
+        chosen = choose(_block_repeated_ngrams(model_log_probs, ids, t, blocking), t)
         if prefix is not None:
             forced = tf.gather(prefix, t, axis=1)
             chosen = tf.where(tf.not_equal(forced, model.pad_id), forced, chosen)
         tokens = tf.where(finished, model.pad_id, chosen)
-        chosen_log_prob = tf.gather(log_probs, chosen, batch_dims=1)
+        # A forced token scores as the model has it, as in beam search (`_force`).
+        chosen_log_prob = tf.gather(model_log_probs, chosen, batch_dims=1)
         scores += tf.where(finished, 0.0, chosen_log_prob)
         ids = _write_column(ids, t, tokens, axis=1)
         if weights is not None:

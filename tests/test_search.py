@@ -280,6 +280,23 @@ def test_every_hypothesis_starts_with_its_prefix_and_is_scored_whole(search):
     assert ids[0, 0, :3].tolist() == [B, A, B] and lengths[0, 0] == 4
 
 
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_a_forced_prefix_repeating_an_ngram_is_kept_and_scored_by_the_model(search):
+    model, prefix = TableModel(LOOP), np.array([[B, A, B, A]], np.int32)  # "B A" twice
+    if search == "greedy":
+        ids, lengths, scores, _ = greedy_search(
+            model, SOURCE, 8, no_repeat_ngram_size=2, target_prefix=prefix
+        )
+        hypothesis, score = ids.numpy()[0, : lengths[0]].tolist(), scores.numpy()[0]
+    else:
+        ids, lengths, scores, _ = beam_search(
+            model, SOURCE, 8, beam_size=3, no_repeat_ngram_size=2, target_prefix=prefix
+        )
+        hypothesis, score = ids.numpy()[0, 0, : lengths[0, 0]].tolist(), scores.numpy()[0, 0]
+    assert hypothesis[:4] == [B, A, B, A]
+    assert score == pytest.approx(log_prob_of(LOOP, hypothesis), abs=1e-4)
+
+
 def test_max_length_cuts_and_alive_hypotheses_fill_in():
     loop = table({BOS: {A: 1.0}, A: {A: 1.0}})
     ids, lengths, scores, _ = beam_search(
