@@ -24,7 +24,8 @@ defaults.
    peer's greedy SavedModel; our ONNX model) and translate the 2,000 test sentences, the sides
    alternating `--decode-rounds` times: sentences/s at batch 64 (median of the rounds) and ms
    for one sentence alone (median over the first 20), BLEU (cased, lowercased) and chrF with
-   sacreBLEU on the raw references. Ours: ONNX Runtime greedy and beam 5.
+   sacreBLEU on the raw references. Ours: ONNX Runtime greedy and beam 5, with float and with
+   int8 weights (`model.int8.onnx`).
 
 Each training runs in a subprocess; this process never imports TensorFlow (ONNX Runtime and
 TensorFlow in one process have crashed here, `../shared/STACK.md`).
@@ -246,9 +247,12 @@ def quality(root, config_path, vocabularies, paths, speed_rounds, decode_rounds,
     limit = 200 if quick else None
     if limit:
         test_sources, test_references = test_sources[:limit], test_references[:limit]
-    translator = OnnxTranslator(our_dir / "export" / "onnx")
-    rows = {"peer greedy (SavedModel)": [], "ours greedy (ONNX Runtime)": [],
-            "ours beam 5 (ONNX Runtime)": []}  # fmt: skip
+    translators = {int8: OnnxTranslator(our_dir / "export" / "onnx", int8=int8)
+                   for int8 in (False, True)}  # fmt: skip
+    searches = (("greedy", 1), ("beam 5", 5))
+    ours = {f"ours {search}{' int8' if int8 else ''} (ONNX Runtime)": (int8, beam)
+            for int8 in (False, True) for search, beam in searches}  # fmt: skip
+    rows = {"peer greedy (SavedModel)": [], **{name: [] for name in ours}}
     scores = {}
     for _ in range(decode_rounds):  # the sides in turn
         command = [sys.executable, str(PEER), "evaluate", "--workdir", str(peer_dir),
@@ -258,8 +262,8 @@ def quality(root, config_path, vocabularies, paths, speed_rounds, decode_rounds,
             (peer["sentences_per_s"], peer["single_sentence_ms_median"])
         )
         scores["peer greedy (SavedModel)"] = peer
-        for name, beam in (("ours greedy (ONNX Runtime)", 1), ("ours beam 5 (ONNX Runtime)", 5)):
-            hypotheses, total, single_ms = decode_ours(translator, test_sources, beam, 20)
+        for name, (int8, beam) in ours.items():
+            hypotheses, total, single_ms = decode_ours(translators[int8], test_sources, beam, 20)
             rows[name].append((len(test_sources) / total, single_ms))
             scores[name] = score_translations(hypotheses, test_references)
     print(f"\nTraining: peer {seconds:.0f} s ({peer_summary['steps']} steps, "
