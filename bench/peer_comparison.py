@@ -2,7 +2,7 @@
 `../shared/peers/tf_tutorial_nmt.py`), on the same data and machine, in one run.
 
     python bench/peer_comparison.py --root DIR [--steps 400] [--rounds 2] [--precision P]
-                                    [--quality] [--decode-rounds 3] [--quick]
+                                    [--quality] [--decode-rounds 3] [--decode-only] [--quick]
 
 Data: the peer's split of Tatoeba spa-eng (its README): test = the last 2,000 of
 `numpy.random.default_rng(0).permutation(118964)`, validation the 1,280 before them, training
@@ -26,6 +26,9 @@ defaults.
    for one sentence alone (median over the first 20), BLEU (cased, lowercased) and chrF with
    sacreBLEU on the raw references. Ours: ONNX Runtime greedy and beam 5, with float and with
    int8 weights (`model.int8.onnx`).
+3. `--decode-only` repeats step 2's decoding (ours exported again, with this tree's code) on the
+   models an earlier `--quality` run left in ROOT/quality: a change to the search or the
+   export against the same peer, without training again.
 
 Each training runs in a subprocess; this process never imports TensorFlow (ONNX Runtime and
 TensorFlow in one process have crashed here, `../shared/STACK.md`).
@@ -225,24 +228,29 @@ def decode_ours(translator, sentences, beam_size, single_runs):
     return hypotheses, seconds, statistics.median(single)
 
 
-def quality(root, config_path, vocabularies, paths, speed_rounds, decode_rounds, quick):
-    """Both sides trained for the peer's own schedule's wall time, exported, then decoding the
-    test set in turns; a table row per system."""
-    from export.runtime import OnnxTranslator
-
-    peer_dir = root / "quality" / "peer"
+def train_both(root, config_path, vocabularies, speed_rounds, quick):
+    """Both sides trained for the peer's own schedule's wall time, and exported."""
+    peer_dir, our_dir = root / "quality" / "peer", root / "quality" / "ours"
     _, peer_summary = train_peer(peer_dir, steps=None, max_seconds=60 if quick else None)
     seconds = peer_summary["train_seconds"]
     our_step = statistics.median(r["ours"]["step_s"] for r in speed_rounds)
     steps = max(WINDOW, int(seconds / our_step))
     epochs = 10
-    our_dir = root / "quality" / "ours"
     _, our_seconds = train_ours(config_path, our_dir, -(-steps // epochs), epochs, vocabularies)
     run([sys.executable, str(PEER), "export", "--workdir", str(peer_dir), "--data", str(SPA_ENG)],
         peer_dir / "export.log")  # fmt: skip
+    print(f"\nTraining: peer {seconds:.0f} s ({peer_summary['steps']} steps, "
+          f"{peer_summary['stopped']}); ours {our_seconds:.0f} s ({steps} steps)")  # fmt: skip
+
+
+def decode_both(root, paths, decode_rounds, quick):
+    """The peer's exported greedy and our ONNX exports decode the test set, the sides in turn;
+    a table row per system. Ours is exported first, with this tree's code."""
+    from export.runtime import OnnxTranslator
+
+    peer_dir, our_dir = root / "quality" / "peer", root / "quality" / "ours"
     run([sys.executable, "-m", "export", "--workdir", str(our_dir), "--formats", "onnx"],
         root / "quality" / "export.log")  # fmt: skip
-
     test_sources, test_references = sources(paths["test"]), references(paths["test"])
     limit = 200 if quick else None
     if limit:
@@ -266,19 +274,19 @@ def quality(root, config_path, vocabularies, paths, speed_rounds, decode_rounds,
             hypotheses, total, single_ms = decode_ours(translators[int8], test_sources, beam, 20)
             rows[name].append((len(test_sources) / total, single_ms))
             scores[name] = score_translations(hypotheses, test_references)
-    print(f"\nTraining: peer {seconds:.0f} s ({peer_summary['steps']} steps, "
-          f"{peer_summary['stopped']}); ours {our_seconds:.0f} s ({steps} steps)")  # fmt: skip
     print(f"\nTest: {len(test_sources)} sentences, batch {BATCH_SIZE}; "
           f"medians of {decode_rounds} rounds, the sides in turn")  # fmt: skip
-    print("| system | sentences/s | ms for one sentence | BLEU | lowercased | chrF |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| system | sentences/s (each round) | median | ms for one sentence | BLEU | "
+          "lowercased | chrF |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|")
     peer_rate = statistics.median(r for r, _ in rows["peer greedy (SavedModel)"])
     for name, figures in rows.items():
         rate = statistics.median(r for r, _ in figures)
         single = statistics.median(s for _, s in figures)
+        each = ", ".join(f"{r:,.0f}" for r, _ in figures)
         score = scores[name]
         ratio = "" if name.startswith("peer") else f" ({rate / peer_rate:.2f}x)"
-        print(f"| {name} | {rate:,.1f}{ratio} | {single:.1f} | {score['bleu']:.2f} | "
+        print(f"| {name} | {each} | {rate:,.1f}{ratio} | {single:.1f} | {score['bleu']:.2f} | "
               f"{score['bleu_lowercase']:.2f} | {score['chrf']:.2f} |")  # fmt: skip
 
 
@@ -290,12 +298,20 @@ def main(argv=None):
     parser.add_argument("--precision", default="float32", help="our train.precision")
     parser.add_argument("--quality", action="store_true", help="also train to the end, decode")
     parser.add_argument("--decode-rounds", type=int, default=3)
+    parser.add_argument(
+        "--decode-only",
+        action="store_true",
+        help="no training: decode with ROOT/quality's models, trained by an earlier --quality",
+    )
     parser.add_argument("--quick", action="store_true", help="a minute's check of the script")
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.rounds, args.decode_rounds = 2 * WINDOW, 1, 1
     root = args.root.resolve()
     paths = split_corpus(root / "data")
+    if args.decode_only:
+        decode_both(root, paths, args.decode_rounds, args.quick)
+        return
     config_path = write_our_config(root, paths, args.precision)
     vocab_dir = root / "vocabularies"
     if not (vocab_dir / "vocab" / "target.model").exists():  # built once, not timed
@@ -309,7 +325,8 @@ def main(argv=None):
         print(f"round {index + 1}: {json.dumps(rounds[-1])}", flush=True)
     print_speed(rounds)
     if args.quality:
-        quality(root, config_path, vocabularies, paths, rounds, args.decode_rounds, args.quick)
+        train_both(root, config_path, vocabularies, rounds, args.quick)
+        decode_both(root, paths, args.decode_rounds, args.quick)
 
 
 if __name__ == "__main__":
