@@ -199,7 +199,11 @@ class StopOnNonFiniteLoss(keras.callbacks.Callback):
 class StopOnSignal(keras.callbacks.Callback):
     """On SIGINT or SIGTERM, saves a checkpoint after the current step and stops training
     by raising `TrainingInterrupted`; the same command then resumes from that checkpoint.
-    A second signal stops at once (the previous checkpoint remains)."""
+    A second signal stops at once (the previous checkpoint remains).
+
+    The handlers go in at the first `fit` and stay until the owner calls `restore_handlers`:
+    a resumed run fits the rest of an epoch and then the other epochs, and a signal between
+    the two fits must find them too (it killed the process there)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -232,7 +236,8 @@ class StopOnSignal(keras.callbacks.Callback):
             raise TrainingInterrupted(self.received, self.checkpointer.save())
 
     def on_train_begin(self, logs=None):
-        if threading.current_thread() is threading.main_thread():  # where handlers may go
+        # Only the main thread may set handlers.
+        if not self._previous and threading.current_thread() is threading.main_thread():
             self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
 
     def on_train_batch_end(self, batch, logs=None):
@@ -243,7 +248,6 @@ class StopOnSignal(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self._stop_if_asked()
-        self.restore_handlers()
 
 
 class ValidationBleu(keras.callbacks.Callback):

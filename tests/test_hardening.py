@@ -310,6 +310,33 @@ def test_divergence_stops_the_command_with_one_line(tmp_path, capsys):
     assert not (tmp_path / "model.keras").exists()
 
 
+def test_a_signal_between_the_two_fits_of_a_resumed_epoch_is_caught():
+    """A run resumed mid-epoch fits the rest of that epoch, then the other epochs: a SIGTERM
+    between the two fits saves a checkpoint and stops, as within one (it once killed the
+    process there)."""
+    saved, stray = [], []
+
+    class Checkpointer:
+        def save(self):
+            saved.append("ckpt-7")
+            return saved[-1]
+
+    # Were the callback's handlers gone between the fits, this one would see the signal.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stray.append(signum))
+    callback = training_callbacks.StopOnSignal(Checkpointer(), log=lambda message: None)
+    try:
+        callback.on_train_begin()
+        callback.on_train_end()  # the rest of the resumed epoch
+        signal.raise_signal(signal.SIGTERM)
+        callback.on_train_begin()  # the other epochs
+        with pytest.raises(training_callbacks.TrainingInterrupted) as interrupted:
+            callback.on_epoch_begin(1)
+    finally:
+        callback.restore_handlers()
+        signal.signal(signal.SIGTERM, previous)
+    assert interrupted.value.checkpoint == "ckpt-7" and saved == ["ckpt-7"] and not stray
+
+
 # Interrupted work (subprocesses; slow).
 
 
