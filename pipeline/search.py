@@ -138,7 +138,9 @@ def _repeated_ngram_followers(ids, t, blocking):
 def _block_repeated_ngrams(log_probs, ids, t, blocking):
     """Forbids each token that would complete an n-gram its hypothesis already holds, as
     fairseq's and CTranslate2's `no_repeat_ngram_size` do: its log-probability becomes
-    NEG_INF, the others' stay the model's. One scatter into `log_probs`, no pass over it.
+    NEG_INF, the others' stay the model's. For the greedy and sampling searches, which run in
+    TensorFlow only; beam search, which ONNX runs too, uses `_best_unblocked` (ONNX Runtime's
+    scatter copies all of `log_probs`).
 
     Args:
         log_probs: float32 `[rows, vocab]`, the next token's.
