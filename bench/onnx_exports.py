@@ -35,9 +35,11 @@ def translators(exports):
     """(label, translator) for each export, float then int8 where it has an int8 model."""
     found = []
     for index, export in enumerate(exports):
-        found.append((f"{index}: {export}", OnnxTranslator(export, batch_size=BATCH_SIZE)))
-        if found[-1][1].metadata.get("int8_model"):
-            found.append((f"{index}: {export} int8", OnnxTranslator(export, int8=True)))
+        float_model = OnnxTranslator(export, batch_size=BATCH_SIZE)
+        found.append((f"{index}: {export}", float_model))
+        if float_model.metadata.get("int8_model"):
+            int8_model = OnnxTranslator(export, batch_size=BATCH_SIZE, int8=True)
+            found.append((f"{index}: {export} int8", int8_model))
     return found
 
 
