@@ -6,6 +6,7 @@ from layers.attention_decoder import AttentionDecoder
 from layers.bahdanau_attention import BahdanauAttention
 from layers.causal_self_attention import CausalSelfAttention
 from layers.encoder_decoder_model import EncoderDecoderModel
+from layers.fused_gru import FusedGRU
 from layers.luong_attention import LuongAttention
 from layers.multi_head_cross_attention import MultiHeadCrossAttention
 from layers.recurrent_encoder import RecurrentEncoder
@@ -22,6 +23,7 @@ __all__ = [
     "BahdanauAttention",
     "CausalSelfAttention",
     "EncoderDecoderModel",
+    "FusedGRU",
     "LuongAttention",
     "MultiHeadCrossAttention",
     "RecurrentEncoder",

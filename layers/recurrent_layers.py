@@ -2,9 +2,11 @@
 
 import keras
 
+from layers.fused_gru import FusedGRU
+
 CELL_TYPES = {
     "lstm": keras.layers.LSTM,
-    "gru": keras.layers.GRU,
+    "gru": FusedGRU,
     "simple_rnn": keras.layers.SimpleRNN,
 }
 

@@ -166,6 +166,23 @@ def sequence_inputs(rng):
     return {"x": rng.normal(size=(3, 4, 8)).astype("float32")}
 
 
+def fused_gru_forward(layer, inputs):
+    """Training mode, the fused recurrence's; source-padded as the encoder's inputs are."""
+    return layer(inputs["x"], mask=SOURCE_MASK[:, :4], training=True)
+
+
+def fused_gru_steps(layer, inputs):
+    """Keras' GRU cell one step at a time, the state kept at masked steps."""
+    x, mask = inputs["x"], SOURCE_MASK[:, :4, None]
+    state = np.zeros((x.shape[0], layer.units), "float32")
+    outputs = []
+    for t in range(x.shape[1]):
+        output, _ = layer.cell(x[:, t], [state])
+        state = np.where(mask[:, t], np.asarray(output), state)
+        outputs.append(state)
+    return np.stack(outputs, axis=1), state
+
+
 def causal_steps(layer, inputs):
     x = inputs["x"]
     cache = layer.initial_cache(x.shape[0])
@@ -276,6 +293,21 @@ def model_case(name, make_model):
 
 CASES = [
     *(attention_case(name, make) for name, make in ATTENTION_FACTORIES.items()),
+    LayerCase(
+        "fused_gru",
+        lambda: layers.FusedGRU(6, return_sequences=True, return_state=True),
+        sequence_inputs,
+        fused_gru_forward,
+        masking=Masking(
+            perturb=lambda inputs, rng: {"x": noise_at(inputs["x"], SOURCE_MASK[:, :4], rng)},
+            # The outputs at real steps and the final state.
+            invariant=lambda inputs, outputs: [
+                np.asarray(outputs[0])[SOURCE_MASK[:, :4]],
+                outputs[1],
+            ],
+        ),
+        steps=fused_gru_steps,
+    ),
     encoder_case("lstm"),
     encoder_case("lstm_bidirectional", bidirectional=True),
     encoder_case(

@@ -73,6 +73,32 @@ def test_token_accuracy_and_perplexity_count_real_tokens_only():
     assert float(perplexity.result()) == pytest.approx(math.exp(float(np.sum(nll)) / 3), rel=1e-5)
 
 
+def test_smoothed_cross_entropy_gradient_is_softmax_minus_smoothed_target():
+    rng = np.random.default_rng(1)
+    logits = tf.constant(rng.normal(size=(2, 3, 7)).astype("float32"))
+    labels = np.array([[1, 6, 0], [4, 2, 0]])
+    mask = labels != 0
+    with tf.GradientTape() as tape:
+        tape.watch(logits)
+        loss = tf.reduce_sum(token_cross_entropy(labels, logits, mask, label_smoothing=0.2)[0])
+    gradient = tape.gradient(loss, logits)
+    target = 0.8 * np.eye(7)[labels] + 0.2 / 7
+    expected = (tf.nn.softmax(logits).numpy() - target) * mask[..., None]
+    np.testing.assert_allclose(gradient.numpy(), expected, atol=1e-6)
+
+
+def test_token_accuracy_is_the_argmax_hit_rate():
+    rng = np.random.default_rng(2)
+    logits = rng.normal(size=(4, 6, 9)).astype("float32")
+    labels = rng.integers(1, 9, size=(4, 6))
+    labels[:, :2] = logits[:, :2].argmax(-1)  # some hits for certain
+    mask = rng.random((4, 6)) < 0.7
+    accuracy = TokenAccuracy()
+    accuracy.update_state(labels, logits, mask)
+    expected = (logits.argmax(-1) == labels)[mask].mean()
+    assert float(accuracy.result()) == pytest.approx(expected)
+
+
 def _adam_steps(optimizer, weights, batches):
     """`weights` after one step of `optimizer` per batch of ids (gathered rows @ a matrix)."""
     embedding, dense = (keras.Variable(w) for w in weights)
