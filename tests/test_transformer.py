@@ -92,7 +92,8 @@ def test_learns_to_reverse_sequences_and_searches_find_it(rng):
     x_test, y_test = reversal_data(rng, 200, VOCAB)
     model = make_transformer(model_dim=32, num_heads=4, intermediate_dim=64)
     model.compile(optimizer=keras.optimizers.Adam(3e-3))
-    model.fit(x, y, batch_size=64, epochs=8, verbose=0)
+    # 8 epochs reached 0.942 on an AVX2-only CPU (enough on the earlier AVX-512 VMs).
+    model.fit(x, y, batch_size=64, epochs=10, verbose=0)
     results = model.evaluate(x_test, y_test, verbose=0, return_dict=True)
     assert results["token_accuracy"] >= 0.95, results
 
