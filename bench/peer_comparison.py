@@ -25,7 +25,8 @@ defaults.
    alternating `--decode-rounds` times: sentences/s at batch 64 (median of the rounds) and ms
    for one sentence alone (median over the first 20), BLEU (cased, lowercased) and chrF with
    sacreBLEU on the raw references. Ours: ONNX Runtime greedy and beam 5, with float and with
-   int8 weights (`model.int8.onnx`).
+   int8 weights (`model.int8.onnx`), one batch at a time on every CPU and `INTER_THREADS`
+   batches at once (`OnnxTranslator(inter_threads=...)`), each still of 64 sentences.
 3. `--decode-only` repeats step 2's decoding (ours exported again, with this tree's code) on the
    models an earlier `--quality` run left in ROOT/quality: a change to the search or the
    export against the same peer, without training again.
@@ -59,6 +60,7 @@ SPA_ENG_LINES = 118_964
 TEST_SIZE, VALID_SIZE = 2000, 1280
 BATCH_SIZE = 64
 WINDOW = 100  # steps per timing window, on both sides
+INTER_THREADS = 2  # our runtime's batches at once, each on one CPU, in the rows that say so
 OUR_MODEL = {
     "cell_type": "gru", "embedding_dim": 256, "encoder_units": 256, "bidirectional": True,
     "merge_mode": "sum", "decoder_units": 256, "attention": "multi_head", "attention_heads": 1,
@@ -255,11 +257,18 @@ def decode_both(root, paths, decode_rounds, quick):
     limit = 200 if quick else None
     if limit:
         test_sources, test_references = test_sources[:limit], test_references[:limit]
-    translators = {int8: OnnxTranslator(our_dir / "export" / "onnx", int8=int8)
-                   for int8 in (False, True)}  # fmt: skip
+    runtimes = [(int8, inter) for inter in (1, INTER_THREADS) for int8 in (False, True)]
+    translators = {
+        (int8, inter): OnnxTranslator(our_dir / "export" / "onnx", int8=int8, inter_threads=inter)
+        for int8, inter in runtimes
+    }
     searches = (("greedy", 1), ("beam 5", 5))
-    ours = {f"ours {search}{' int8' if int8 else ''} (ONNX Runtime)": (int8, beam)
-            for int8 in (False, True) for search, beam in searches}  # fmt: skip
+    ours = {
+        f"ours {search}{' int8' if int8 else ''}"
+        f"{f', {inter} batches at once' if inter > 1 else ''} (ONNX Runtime)": (int8, inter, beam)
+        for int8, inter in runtimes
+        for search, beam in searches
+    }
     rows = {"peer greedy (SavedModel)": [], **{name: [] for name in ours}}
     scores = {}
     for _ in range(decode_rounds):  # the sides in turn
@@ -270,8 +279,9 @@ def decode_both(root, paths, decode_rounds, quick):
             (peer["sentences_per_s"], peer["single_sentence_ms_median"])
         )
         scores["peer greedy (SavedModel)"] = peer
-        for name, (int8, beam) in ours.items():
-            hypotheses, total, single_ms = decode_ours(translators[int8], test_sources, beam, 20)
+        for name, (int8, inter, beam) in ours.items():
+            translator = translators[int8, inter]
+            hypotheses, total, single_ms = decode_ours(translator, test_sources, beam, 20)
             rows[name].append((len(test_sources) / total, single_ms))
             scores[name] = score_translations(hypotheses, test_references)
     print(f"\nTest: {len(test_sources)} sentences, batch {BATCH_SIZE}; "

@@ -8,11 +8,13 @@ Needs numpy, onnxruntime and sentencepiece only:
 
 Tokenisation reads the same SentencePiece files as the SavedModel's in-graph tokenizer, so
 both give the same ids. Sentences are decoded in length-sorted batches (less padding); results
-keep the input order. A session may be shared by many threads.
+keep the input order. A session may be shared by many threads; `inter_threads` translates
+that many batches at once (as CTranslate2's option of that name), for throughput.
 """
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -31,10 +33,12 @@ def _find_export(path):
     raise FileNotFoundError(f"{path}: no exported ONNX model ({METADATA_FILE} not found)")
 
 
-def session_options(intra_op_threads=None):
+def session_options(intra_op_threads=None, inter_threads=1):
+    """Threads per batch: `intra_op_threads`, or the CPUs shared among `inter_threads` batches."""
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.intra_op_num_threads = intra_op_threads or os.cpu_count() or 1
+    cpus = os.cpu_count() or 1
+    options.intra_op_num_threads = intra_op_threads or max(1, cpus // inter_threads)
     # The search settings are inputs with defaults by design; ORT would warn about each.
     options.log_severity_level = 3
     return options
@@ -46,9 +50,16 @@ class OnnxTranslator:
     `int8=True` loads `model.int8.onnx`, the model with int8 weights: faster on a CPU (beam
     search on the default model: 1.1x to 2x the float model, bench/RESULTS.md), with
     translations that may differ a little from the float model's.
+
+    `inter_threads` batches run at once, each on `intra_op_threads` threads (by default the
+    CPUs shared among them). One batch at a time with every CPU is the fastest for a single
+    sentence; batches side by side on one CPU each give more sentences/s, as the search's many
+    small kernels cannot use a second CPU (bench/RESULTS.md).
     """
 
-    def __init__(self, path, intra_op_threads=None, batch_size=64, int8=False):
+    def __init__(self, path, intra_op_threads=None, batch_size=64, int8=False, inter_threads=1):
+        if inter_threads < 1:
+            raise ValueError(f"inter_threads must be at least 1, not {inter_threads}")
         self.directory = _find_export(path)
         self.metadata = json.loads((self.directory / METADATA_FILE).read_text())
         model_file = self.metadata["model"]
@@ -60,7 +71,7 @@ class OnnxTranslator:
                 )
         self.session = onnxruntime.InferenceSession(
             str(self.directory / model_file),
-            session_options(intra_op_threads),
+            session_options(intra_op_threads, inter_threads),
             providers=["CPUExecutionProvider"],
         )
         self.source = sentencepiece.SentencePieceProcessor(
@@ -70,6 +81,7 @@ class OnnxTranslator:
             model_file=str(self.directory / self.metadata["target_vocabulary"])
         )
         self.batch_size = batch_size
+        self.inter_threads = inter_threads
         self.pad_id = self.metadata["special_ids"]["pad"]
         self.eos_id = self.metadata["special_ids"]["eos"]
 
@@ -103,11 +115,20 @@ class OnnxTranslator:
         """For each id list, its `n_best` hypotheses as (target ids without </s>, score);
         each starts with its `target_prefixes` ids where given."""
         results = [None] * len(source_ids)
-        for indices in length_sorted_batches([len(ids) for ids in source_ids], self.batch_size):
-            batch = self._padded([source_ids[i] for i in indices])
+        batches = list(length_sorted_batches([len(ids) for ids in source_ids], self.batch_size))
+
+        def search_batch(indices):
+            prefix = None
             if target_prefixes is not None:
-                options["target_prefix"] = self._padded([target_prefixes[i] for i in indices])
-            output = self.search(batch, **options)
+                prefix = self._padded([target_prefixes[i] for i in indices])
+            return self.search(self._padded([source_ids[i] for i in indices]), prefix, **options)
+
+        if self.inter_threads > 1 and len(batches) > 1:
+            with ThreadPoolExecutor(min(self.inter_threads, len(batches))) as pool:
+                outputs = pool.map(search_batch, batches)
+        else:
+            outputs = map(search_batch, batches)
+        for indices, output in zip(batches, outputs):
             for row, index in enumerate(indices):
                 results[index] = [  # an empty source comes back as ids all pad, score 0
                     (self._strip(ids), float(score))

@@ -137,7 +137,7 @@ def test_two_workers_finish_with_identical_weights(tmp_path):
 @pytest.mark.slow
 def test_a_killed_worker_and_its_restart_resume_from_the_last_checkpoints(tmp_path):
     cluster = two_workers()
-    longer = ["--set", "train.epochs=1", "--set", "train.steps_per_epoch=200",
+    longer = ["--set", "train.epochs=1", "--set", "train.steps_per_epoch=100",
               "--set", "train.checkpoint_every_steps=20"]  # fmt: skip
     workers = start_workers(tmp_path, cluster, *longer)
     deadline = time.monotonic() + 240

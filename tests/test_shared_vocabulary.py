@@ -24,7 +24,7 @@ def shared_workdir(tmp_path_factory, request):
                 "--set", "data.shared_vocabulary=true", "--set", "model.share_embeddings=true",
                 "--set", "train.bleu_every_epochs=0", "--set", "data.test_source=null",
                 "--set", "data.test_target=null", "--set", "export.after_training=true",
-                "--set", "export.formats=onnx"])  # fmt: skip
+                "--set", "export.formats=onnx", "--set", "export.onnx_int8=false"])  # fmt: skip
     return workdir
 
 
