@@ -139,15 +139,20 @@ def data_config(**paths):
 def numbers_of(examples, tokenizer, count):
     """The numbers of the first `count` examples of a stream, checking that source and target
     agree and that the target is shifted between decoder input and labels."""
-    numbers = []
+    sources, targets = [], []
     for inputs, labels in examples.take(count):
         target_in, labels = inputs["target_input_ids"].numpy(), labels.numpy()
         assert target_in[0] == BOS_ID and labels[-1] == EOS_ID
         np.testing.assert_array_equal(target_in[1:], labels[:-1])
-        source, target = (
-            tokenizer.detokenize(ids[None]).numpy()[0].decode()
-            for ids in (inputs["source_ids"], labels[:-1])
-        )
+        sources.append(inputs["source_ids"].numpy())
+        targets.append(labels[:-1])
+    # One detokenisation of all rows: an eager call per row is most of the time otherwise.
+    sources, targets = (
+        [text.decode() for text in tokenizer.detokenize(tf.ragged.constant(rows)).numpy()]
+        for rows in (sources, targets)
+    )
+    numbers = []
+    for source, target in zip(sources, targets):
         assert target == f"der {source}"
         numbers.append(int("".join(str(DIGITS.index(w)) for w in source.split())))
     return numbers
