@@ -340,10 +340,13 @@ def test_a_signal_between_the_two_fits_of_a_resumed_epoch_is_caught():
 # Interrupted work (subprocesses; slow).
 
 
+STEPS_PER_EPOCH = 60
+
+
 def train_command(workdir, *overrides):
     return [
         sys.executable, "-m", "pipeline.train", "--config", str(SMOKE), "--workdir", str(workdir),
-        "--set", "train.steps_per_epoch=60", "--set", "train.epochs=2",
+        "--set", f"train.steps_per_epoch={STEPS_PER_EPOCH}", "--set", "train.epochs=2",
         "--set", "train.checkpoint_every_steps=10", "--set", "train.keep_checkpoints=20",
         "--set", "train.bleu_every_epochs=0", *overrides,
     ]  # fmt: skip
@@ -381,17 +384,20 @@ def finish(workdir):
 
 
 def resume_then_signal(workdir, signum):
-    """Runs the training command again and sends `signum` after its first new checkpoint;
-    returns the output of the interrupted run."""
+    """Runs the training command again and sends `signum` after its first new checkpoint
+    inside an epoch; returns the output of the interrupted run and that checkpoint's step."""
     interrupted_at = max(checkpoint_steps(workdir))
+    periodic = interrupted_at // 10 * 10 + 10
+    if periodic % STEPS_PER_EPOCH == 0:  # a signal during validation would stop at this step
+        periodic += 10
     process = start(train_command(workdir))
-    wait_for_checkpoint(workdir, interrupted_at // 10 * 10 + 10, process)
+    wait_for_checkpoint(workdir, periodic, process)
     time.sleep(0.5)
     process.send_signal(signum)
     output, _ = process.communicate(timeout=120)
     assert f"Resuming from {workdir / 'checkpoints' / f'ckpt-{interrupted_at}'}" in output
     assert process.returncode == 128 + signum, output[-2000:]
-    return output
+    return output, periodic
 
 
 @pytest.mark.slow
@@ -405,11 +411,10 @@ def test_killed_interrupted_and_terminated_training_resumes_each_time(tmp_path):
     process.kill()
     process.wait()
     for signum in (signal.SIGINT, signal.SIGTERM):
-        before = max(checkpoint_steps(tmp_path))
-        output = resume_then_signal(tmp_path, signum)
+        output, periodic = resume_then_signal(tmp_path, signum)
         assert "Run the same command to resume" in output
         saved = max(checkpoint_steps(tmp_path))
-        assert saved > before // 10 * 10 + 10  # a checkpoint of the step the signal interrupted
+        assert saved > periodic  # a checkpoint of the step the signal interrupted
         assert f"ckpt-{saved}" in output
         assert not (tmp_path / "model.keras").exists()
     output = finish(tmp_path)
