@@ -1,3 +1,5 @@
+import contextlib
+import fcntl
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -33,15 +35,31 @@ def train_and_export_smoke(workdir, config_name):
     return workdir
 
 
+def trained_once_per_run(tmp_path_factory, name, config_name):
+    """`train_and_export_smoke` into RUN_TEMP/name, run by the first pytest-xdist worker that
+    asks while the others wait on a lock: one training for the whole run, not one a worker."""
+    run_temp = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        run_temp = run_temp.parent  # each worker has its own folder in the run's
+    workdir = run_temp / name
+    with open(run_temp / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with contextlib.suppress(FileExistsError):
+            workdir.mkdir()
+            train_and_export_smoke(workdir, config_name)
+            (workdir / "trained").touch()
+    if not (workdir / "trained").exists():
+        pytest.fail(f"the shared {name} fixture failed in another worker; see its error")
+    return workdir
+
+
 @pytest.fixture(scope="session")
 def exported_workdir(tmp_path_factory):
     """The recurrent smoke model, exported. Shared: tests must not change it."""
-    return train_and_export_smoke(tmp_path_factory.mktemp("exported"), "smoke.yaml")
+    return trained_once_per_run(tmp_path_factory, "exported", "smoke.yaml")
 
 
 @pytest.fixture(scope="session")
 def exported_transformer_workdir(tmp_path_factory):
     """The Transformer smoke model, exported. Shared: tests must not change it."""
-    return train_and_export_smoke(
-        tmp_path_factory.mktemp("exported_transformer"), "smoke_transformer.yaml"
-    )
+    return trained_once_per_run(tmp_path_factory, "exported_transformer", "smoke_transformer.yaml")
