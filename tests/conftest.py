@@ -1,4 +1,3 @@
-import contextlib
 import fcntl
 import os
 
@@ -44,7 +43,7 @@ def trained_once_per_run(tmp_path_factory, name, config_name):
     workdir = run_temp / name
     with open(run_temp / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        with contextlib.suppress(FileExistsError):
+        if not workdir.exists():  # the first to hold the lock trains; a failure leaves no mark
             workdir.mkdir()
             train_and_export_smoke(workdir, config_name)
             (workdir / "trained").touch()
