@@ -207,17 +207,28 @@ class Transformer(EncoderDecoderModel):
 
     # Teacher-forced pass.
 
-    def forward(self, inputs, training=None):
-        """Logits `[batch, tgt_len, vocab]` and the last layer's cross-attention weights
-        `[batch, tgt_len, src_len]`."""
+    def output_features(self, inputs, training=None):
+        """What the output projection takes, `[batch, tgt_len, model_dim]`, and the last
+        layer's cross-attention weights `[batch, tgt_len, src_len]`."""
         encoded = self.encode(inputs["source_ids"], training=training)
         x = self._embed(
             self.target_embedding, self.target_positions, inputs["target_input_ids"], 0, training
         )
         for layer, memory_cache in zip(self.decoder_layers, encoded["memory_cache"]):
             x, weights = layer(x, memory_cache, encoded["memory_mask"], training=training)
-        logits = self.target_embedding(self._final_norm(self.decoder_norm, x), reverse=True)
-        return logits, weights
+        return self._final_norm(self.decoder_norm, x), weights
+
+    def output_kernel(self):
+        """`[model_dim, target_vocab_size]`: logits are `output_features` times it."""
+        if self.tie_embeddings:
+            return ops.transpose(self.target_embedding.embeddings)
+        return self.target_embedding.reverse_embeddings
+
+    def forward(self, inputs, training=None):
+        """Logits `[batch, tgt_len, vocab]` and the last layer's cross-attention weights
+        `[batch, tgt_len, src_len]`."""
+        features, weights = self.output_features(inputs, training=training)
+        return self.target_embedding(features, reverse=True), weights
 
     def call(self, inputs, training=None):
         return self.forward(inputs, training=training)[0]

@@ -20,7 +20,23 @@ class FusedAdam(keras.optimizers.Adam):
     """Keras' Adam, each variable's update run as TensorFlow's fused Adam kernel: the same
     formula in one pass over the variable and its two moments, where Keras' update is ten
     element-wise ops, each a pass (10% of a training step at the TF tutorial's model size).
+
+    Under a `tf.distribute` strategy, `global_clipnorm` clips the replicas' summed gradient:
+    Keras clips each replica's share before adding them up, which differs from one device's
+    step whenever clipping acts (`tests/test_distribute.py`).
     """
+
+    def _clip_gradients(self, grads):
+        if self.global_clipnorm and _replicas_in_sync() > 1:
+            return grads  # clipped once summed, in `_all_reduce_sum_gradients`
+        return super()._clip_gradients(grads)
+
+    def _all_reduce_sum_gradients(self, grads_and_vars):
+        summed = super()._all_reduce_sum_gradients(grads_and_vars)
+        if not (self.global_clipnorm and _replicas_in_sync() > 1):
+            return summed
+        grads, variables = zip(*summed)
+        return list(zip(super()._clip_gradients(list(grads)), variables))
 
     def update_step(self, gradient, variable, learning_rate):
         if self.amsgrad:
@@ -40,6 +56,11 @@ class FusedAdam(keras.optimizers.Adam):
             epsilon=tf.cast(self.epsilon, dtype),
             grad=tf.cast(tf.convert_to_tensor(gradient), dtype),
         )
+
+
+def _replicas_in_sync():
+    context = tf.distribute.get_replica_context()
+    return 1 if context is None else context.num_replicas_in_sync
 
 
 class StepCountingLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):

@@ -11,6 +11,7 @@ import tensorflow as tf
 from keras import ops
 
 import layers
+from layers.token_losses import projected_token_cross_entropy
 
 
 def sum_over_replicas(value):
@@ -66,7 +67,26 @@ class TrainingRecurrentSeq2Seq(DistributedTraining, layers.RecurrentSeq2Seq):
 
 
 class TrainingTransformer(DistributedTraining, layers.Transformer):
-    """`layers.Transformer` as training runs it (never saved: see the module)."""
+    """`layers.Transformer` as training runs it (never saved: see the module).
+
+    Its `call` stops before the output projection, returning `output_features`; the loss
+    projects the real target positions only, a block at a time
+    (`layers.token_losses.projected_token_cross_entropy`), not every padded position at once.
+    """
+
+    def call(self, inputs, training=None):
+        return self.output_features(inputs, training=training)[0]
+
+    def token_loss(self, y, y_pred):
+        mask = ops.not_equal(y, self.pad_id)
+        loss_sum, nll_sum, hits = projected_token_cross_entropy(
+            tf.boolean_mask(y_pred, mask), tf.boolean_mask(y, mask), self.output_kernel(),
+            self.label_smoothing,
+        )  # fmt: skip
+        tokens = ops.sum(ops.cast(mask, "float32"))
+        self.token_accuracy.add_counts(hits, tokens)
+        self.perplexity.update_state(nll_sum, mask)
+        return loss_sum, tokens
 
 
 TRAINING_TWINS = {

@@ -1,6 +1,8 @@
-"""Trains the smoke model for a few steps on one device and, from the same start, mirrored over
-two logical CPU devices with each global batch split in halves of unequal token counts.
-Prints both runs' per-step losses and final weights' largest difference, as JSON.
+"""Trains the smoke model (and with `python tests/mirrored_steps.py transformer`, a tiny
+Transformer) for a few steps on one device and, from the same start, mirrored over two logical
+CPU devices with each global batch split in halves of unequal token counts, with training's
+optimizer clipping every step. Prints both runs' per-step losses and final weights' largest
+difference, as JSON.
 
 Run as a script (`python tests/mirrored_steps.py`): the CPU must be split before TensorFlow
 initialises, which a test process has already done.
@@ -22,10 +24,15 @@ tf.config.set_logical_device_configuration(
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
+from pipeline.checkpoints import FusedAdam  # noqa: E402
 from pipeline.config import PROJECT_ROOT, load_config  # noqa: E402
 from pipeline.model_builder import build_model  # noqa: E402
 
 STEPS, HALF, VOCAB = 6, 8, 300
+TRANSFORMER = [
+    "model.type=transformer", "model.model_dim=16", "model.num_heads=2", "model.ffn_dim=32",
+    "model.encoder_layers=1", "model.decoder_layers=1", "train.label_smoothing=0.1",
+]  # fmt: skip
 
 
 def half_batch(rng):
@@ -59,7 +66,7 @@ def global_batch(halves):
 def train(strategy, dataset, config, initial_weights):
     with strategy.scope():
         model = build_model(config, VOCAB, VOCAB, for_training=True)
-        optimizer = keras.optimizers.Adam(1e-2, global_clipnorm=config["train"]["clip_norm"])
+        optimizer = FusedAdam(1e-2, global_clipnorm=config["train"]["clip_norm"])
         model.compile(optimizer=optimizer)
         optimizer.build(model.trainable_variables)
     if initial_weights is not None:
@@ -73,7 +80,10 @@ def train(strategy, dataset, config, initial_weights):
 
 
 def main():
-    config = load_config(PROJECT_ROOT / "configs" / "smoke.yaml", ["train.clip_norm=0.5"])
+    overrides = ["train.clip_norm=0.05"]  # below every step's gradient norm here
+    if sys.argv[1:] == ["transformer"]:
+        overrides += TRANSFORMER
+    config = load_config(PROJECT_ROOT / "configs" / "smoke.yaml", overrides)
     rng = np.random.default_rng(3)
     steps = [(half_batch(rng), half_batch(rng)) for _ in range(STEPS)]
 

@@ -57,11 +57,24 @@ def test_the_keras_behaviours_distributed_training_works_around_are_still_there(
     for name in ("_maybe_symbolic_build", "train_step", "test_step", "compute_loss"):
         assert hasattr(trainer.TensorFlowTrainer, name), name
         assert name in vars(DistributedTraining), name
+    # Gradients clipped before the replicas' shares are summed (`FusedAdam`).
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+    from pipeline.checkpoints import FusedAdam
+
+    apply = inspect.getsource(BaseOptimizer._backend_apply_gradients)
+    assert apply.index("self._clip_gradients(grads)") < apply.index("self._backend_update_step(")
+    update = inspect.getsource(TFOptimizer._backend_update_step)
+    assert "self._all_reduce_sum_gradients(" in update
+    for name in ("_clip_gradients", "_all_reduce_sum_gradients"):
+        assert name in vars(FusedAdam), name
 
 
-def test_two_replicas_give_one_devices_losses_and_weights():
+@pytest.mark.parametrize("arguments", [[], ["transformer"]], ids=["recurrent", "transformer"])
+def test_two_replicas_give_one_devices_losses_and_weights(arguments):
     result = subprocess.run(
-        [sys.executable, str(PROJECT_ROOT / "tests" / "mirrored_steps.py")],
+        [sys.executable, str(PROJECT_ROOT / "tests" / "mirrored_steps.py"), *arguments],
         capture_output=True, text=True, timeout=300, env=environment(),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

@@ -8,7 +8,13 @@ import pytest
 import tensorflow as tf
 
 from layers.scheduled_sampling import SamplingSchedule
-from layers.token_losses import Perplexity, TokenAccuracy, token_cross_entropy
+from layers.token_losses import (
+    PROJECTION_CHUNK,
+    Perplexity,
+    TokenAccuracy,
+    projected_token_cross_entropy,
+    token_cross_entropy,
+)
 from pipeline.checkpoints import FusedAdam
 
 
@@ -97,6 +103,40 @@ def test_token_accuracy_is_the_argmax_hit_rate():
     accuracy.update_state(labels, logits, mask)
     expected = (logits.argmax(-1) == labels)[mask].mean()
     assert float(accuracy.result()) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "positions, label_smoothing",
+    [(0, 0.1), (5, 0.0), (PROJECTION_CHUNK, 0.1), (PROJECTION_CHUNK * 2 + 37, 0.2)],
+)
+def test_projected_cross_entropy_is_the_plain_one_of_the_projected_logits(
+    positions, label_smoothing
+):
+    """Chunked (none, one partial, one whole, several with a partial last): the same sums,
+    hits and gradients as the plain loss on the whole logits matrix."""
+    rng = np.random.default_rng(positions)
+    features = tf.constant(rng.normal(size=(positions, 16)), tf.float32)
+    kernel = tf.constant(rng.normal(size=(16, 50)), tf.float32)
+    labels = rng.integers(0, 50, positions)
+    labels[:3] = (features.numpy() @ kernel.numpy())[:3].argmax(-1)  # some hits for certain
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([features, kernel])
+        loss_sum, nll_sum, hits = projected_token_cross_entropy(
+            features, labels, kernel, label_smoothing
+        )
+        logits = (features @ kernel)[None]
+        losses, nll = token_cross_entropy(
+            labels[None], logits, np.ones((1, positions), bool), label_smoothing
+        )
+        expected_loss = tf.reduce_sum(losses)
+    np.testing.assert_allclose(loss_sum, expected_loss, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(nll_sum, np.sum(nll), rtol=1e-5, atol=1e-5)
+    assert float(hits) == np.sum(logits.numpy()[0].argmax(-1) == labels)
+    for ours, plain in zip(
+        tape.gradient(loss_sum, [features, kernel]),
+        tape.gradient(expected_loss, [features, kernel]),
+    ):
+        np.testing.assert_allclose(ours, plain, atol=1e-5)
 
 
 def _adam_steps(optimizer, weights, batches):

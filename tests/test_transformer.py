@@ -18,6 +18,7 @@ from helpers import (
     search_saved_model,
 )
 from pipeline.config import PROJECT_ROOT, load_config
+from pipeline.distributed_training import TrainingTransformer
 from pipeline.errors import UserError
 from pipeline.search import beam_search, greedy_search
 from pipeline.translation import SearchOptions, Translator
@@ -104,6 +105,32 @@ def test_learns_to_reverse_sequences_and_searches_find_it(rng):
     for ids in (greedy_ids, beam_ids):
         exact = [np.array_equal(i[: (e != 0).sum()], e[e != 0]) for i, e in zip(ids, expected)]
         assert np.mean(exact) >= 0.8, np.mean(exact)
+
+
+@pytest.mark.parametrize("tie_embeddings", [True, False])
+def test_the_training_twin_has_the_models_loss_metrics_and_gradients(rng, tie_embeddings):
+    """Training projects the real positions only, a block at a time: the same objective."""
+    model = make_transformer(tie_embeddings=tie_embeddings, label_smoothing=0.1)
+    twin = TrainingTransformer.from_config(model.get_config())
+    twin.build({"source_ids": (None, None), "target_input_ids": (None, None)})
+    twin.set_weights(model.get_weights())
+    source, target = rng.integers(4, VOCAB, (2, 4, 7))
+    source[0, 5:] = target[1, 3:] = target[2, 6:] = 0  # right-padded rows
+    inputs = {"source_ids": source, "target_input_ids": target}
+    labels = np.roll(target, -1, axis=1)
+    results = []
+    for each in (model, twin):
+        with tf.GradientTape() as tape:
+            loss = each.compute_loss(y=labels, y_pred=each(inputs))
+        gradients = tape.gradient(loss, each.trainable_variables)
+        metrics = [float(each.token_accuracy.result()), float(each.perplexity.result())]
+        results.append((float(loss), metrics, gradients))
+    (loss, metrics, gradients), (twin_loss, twin_metrics, twin_gradients) = results
+    assert twin_loss == pytest.approx(loss, rel=1e-5)
+    np.testing.assert_allclose(twin_metrics, metrics, rtol=1e-5)
+    for ours, plain in zip(twin_gradients, gradients):
+        np.testing.assert_allclose(tf.convert_to_tensor(ours), tf.convert_to_tensor(plain),
+                                   atol=1e-5)  # fmt: skip
 
 
 def test_save_and_load(tmp_path, rng):
