@@ -42,9 +42,9 @@ def token_cross_entropy(labels, logits, mask, label_smoothing=0.0):
     return loss * weights, nll * weights
 
 
-# Positions whose logits one step of `projected_token_cross_entropy` holds: [256, vocab] float32
-# stays within a CPU's last-level cache up to ~30k pieces (10 MB at 10k). 128-2048 measured on
-# a [4096, 128] x [128, 10k] projection: 256 fastest (bench/RESULTS.md).
+# Positions whose logits one step of `projected_token_cross_entropy` holds ([256, vocab] float32:
+# 10 MB at 10k pieces). On a [4096, 128] x [128, 10k] projection 128 and 256 were alike, 64 and
+# 2048 slower (bench/RESULTS.md).
 PROJECTION_CHUNK = 256
 
 
