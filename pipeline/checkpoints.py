@@ -92,14 +92,17 @@ def make_optimizer(train, learning_rate):
     return adam
 
 
-def training_checkpoint(model, optimizer, completed_epochs, stream_positions=()):
+def training_checkpoint(model, optimizer, completed_epochs, stream_positions=(), epoch_steps=None):
     """The `tf.train.Checkpoint` that training saves and resumes from: with the training
-    stream's position in each corpus (`stream_positions`), when given."""
+    stream's position in each corpus (`stream_positions`) and the run's steps per epoch
+    (`epoch_steps`), when given."""
+    extra = {} if epoch_steps is None else {"epoch_steps": epoch_steps}
     checkpoint = tf.train.Checkpoint(
         model=model,
         optimizer=optimizer,
         epochs=completed_epochs,
         stream=tf.train.Checkpoint(**{f"corpus_{i}": p for i, p in enumerate(stream_positions)}),
+        **extra,
     )
     # Restoring would create the save counter, and under multi_worker creating a variable is a
     # collective op every worker must join; only the chief restores, so create it here.

@@ -249,12 +249,7 @@ def run(config, workdir, log=print, init_from=None):
         training_corpora, source_sample, target_sample, tokenizers, data,
         batching_options(config), replicas,
     )  # fmt: skip
-    steps_per_epoch = train["steps_per_epoch"] or steps_per_pass
     del source_sample, target_sample
-    log(
-        f"Epochs of {steps_per_epoch:,} steps"
-        + ("" if train["steps_per_epoch"] else " (about one pass over the training data)")
-    )
 
     with strategy.scope():
         vocab_sizes = source_tokenizer.vocab_size, target_tokenizer.vocab_size
@@ -265,8 +260,9 @@ def run(config, workdir, log=print, init_from=None):
         model.compile(optimizer=optimizer, jit_compile=train["jit_compile"])
         optimizer.build(model.trainable_variables)  # now, so that replicas need no sample batch
         completed_epochs = tf.Variable(0, dtype=tf.int64, trainable=False)
+        epoch_steps = tf.Variable(0, dtype=tf.int64, trainable=False)  # 0: not begun
         positions = [tf.Variable(0, dtype=tf.int64, trainable=False) for _ in training_corpora]
-        checkpoint = training_checkpoint(model, optimizer, completed_epochs, positions)
+        checkpoint = training_checkpoint(model, optimizer, completed_epochs, positions, epoch_steps)
         manager = tf.train.CheckpointManager(
             checkpoint, str(output / CHECKPOINT_DIR), max_to_keep=train["keep_checkpoints"]
         )
@@ -275,9 +271,22 @@ def run(config, workdir, log=print, init_from=None):
         if init_from and task.is_chief and not restored:
             _initialise_from(model, init_from, log)
         take_chiefs_state(
-            strategy, [*model.weights, *optimizer.variables, completed_epochs, *positions],
+            strategy,
+            [*model.weights, *optimizer.variables, completed_epochs, epoch_steps, *positions],
             task.is_chief,
         )  # fmt: skip
+    # A resumed run keeps the epoch length it began with: the estimate's sample differs when
+    # the vocabularies are reused rather than built (131 against 141 steps on Multi30k).
+    resumed_epoch_steps = int(epoch_steps.numpy())
+    steps_per_epoch = train["steps_per_epoch"] or resumed_epoch_steps or steps_per_pass
+    epoch_steps.assign(steps_per_epoch)
+    if train["steps_per_epoch"]:
+        origin = ""
+    elif resumed_epoch_steps:
+        origin = " (as the run began)"
+    else:
+        origin = " (about one pass over the training data)"
+    log(f"Epochs of {steps_per_epoch:,} steps{origin}")
     log(f"Model: {model.count_params():,} parameters")
     step = int(optimizer.iterations.numpy())
     if step:

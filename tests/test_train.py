@@ -60,9 +60,12 @@ def test_checkpoints_every_n_steps_and_keeps_k(trained):
 
 def test_rerun_resumes_where_it_stopped(trained, capsys):
     workdir, _ = trained
-    history = train.main(["--config", SMOKE, "--workdir", str(workdir), "--set", "train.epochs=3"])
+    # With no epoch length set, a resumed run keeps the one it began with (not a new estimate).
+    history = train.main(["--config", SMOKE, "--workdir", str(workdir), "--set", "train.epochs=3",
+                          "--set", "train.steps_per_epoch=null"])  # fmt: skip
     output = capsys.readouterr().out
     assert "Resuming from" in output and "(step 8, 2 epochs done)" in output
+    assert "Epochs of 4 steps (as the run began)" in output
     assert re.search(
         r"Training stream: \S+val.de.gz \+ \S+ continues at line [\d,]+ of pass", output
     )
