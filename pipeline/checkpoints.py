@@ -92,6 +92,17 @@ def make_optimizer(train, learning_rate):
     return adam
 
 
+def holds_epoch_length(checkpoint_path):
+    """Whether a training checkpoint keeps its run's epoch length (`epoch_steps`): those from
+    before it did resume without it. A damaged one says True: restoring it reports the damage."""
+    try:
+        return tf.train.load_checkpoint(checkpoint_path).has_tensor(
+            "epoch_steps/.ATTRIBUTES/VARIABLE_VALUE"
+        )
+    except Exception:  # the checkpoint reader raises many types for a damaged file
+        return True
+
+
 def training_checkpoint(model, optimizer, completed_epochs, stream_positions=(), epoch_steps=None):
     """The `tf.train.Checkpoint` that training saves and resumes from: with the training
     stream's position in each corpus (`stream_positions`) and the run's steps per epoch

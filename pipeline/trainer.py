@@ -13,7 +13,12 @@ import tensorflow as tf
 
 from pipeline import callbacks as training_callbacks
 from pipeline.atomic_files import write_text_atomically
-from pipeline.checkpoints import average_checkpoints, make_optimizer, training_checkpoint
+from pipeline.checkpoints import (
+    average_checkpoints,
+    holds_epoch_length,
+    make_optimizer,
+    training_checkpoint,
+)
 from pipeline.config import save_config
 from pipeline.corpus import read_split, scan_training_corpora
 from pipeline.dataset import (
@@ -262,7 +267,9 @@ def run(config, workdir, log=print, init_from=None):
         completed_epochs = tf.Variable(0, dtype=tf.int64, trainable=False)
         epoch_steps = tf.Variable(0, dtype=tf.int64, trainable=False)  # 0: not begun
         positions = [tf.Variable(0, dtype=tf.int64, trainable=False) for _ in training_corpora]
-        checkpoint = training_checkpoint(model, optimizer, completed_epochs, positions, epoch_steps)
+        latest = tf.train.latest_checkpoint(str(output / CHECKPOINT_DIR))
+        kept_length = epoch_steps if latest is None or holds_epoch_length(latest) else None
+        checkpoint = training_checkpoint(model, optimizer, completed_epochs, positions, kept_length)
         manager = tf.train.CheckpointManager(
             checkpoint, str(output / CHECKPOINT_DIR), max_to_keep=train["keep_checkpoints"]
         )
@@ -276,7 +283,8 @@ def run(config, workdir, log=print, init_from=None):
             task.is_chief,
         )  # fmt: skip
     # A resumed run keeps the epoch length it began with: the estimate's sample differs when
-    # the vocabularies are reused rather than built (131 against 141 steps on Multi30k).
+    # the vocabularies are reused rather than built (131 against 141 steps on Multi30k). Runs
+    # whose checkpoints predate it estimate again.
     resumed_epoch_steps = int(epoch_steps.numpy())
     steps_per_epoch = train["steps_per_epoch"] or resumed_epoch_steps or steps_per_pass
     epoch_steps.assign(steps_per_epoch)

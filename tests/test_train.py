@@ -11,7 +11,8 @@ import pytest
 import tensorflow as tf
 import yaml
 
-from pipeline import train
+from pipeline import train, trainer
+from pipeline.checkpoints import holds_epoch_length
 from pipeline.config import PROJECT_ROOT, load_config
 from pipeline.trainer import PROFILE_AFTER
 
@@ -74,6 +75,23 @@ def test_rerun_resumes_where_it_stopped(trained, capsys):
     assert len(re.findall(stream, output)) == 1  # once, at the end
     assert len(history["loss"]) == 1  # only the third epoch ran
     assert checkpoint_steps(workdir)[-1] == 12  # the step count continued
+
+
+def test_checkpoints_from_before_the_epoch_length_was_kept_still_resume(
+    tmp_path, monkeypatch, capsys
+):
+    quick = ["--config", SMOKE, "--workdir", str(tmp_path), "--set", "train.steps_per_epoch=2",
+             "--set", "train.bleu_every_epochs=0", "--set", "data.test_source=null",
+             "--set", "data.test_target=null"]  # fmt: skip
+    keeping = trainer.training_checkpoint
+    with monkeypatch.context() as patch:  # the checkpoints as written before
+        patch.setattr(trainer, "training_checkpoint", lambda *args: keeping(*args[:4]))
+        train.main([*quick, "--set", "train.epochs=1"])
+    assert not holds_epoch_length(tf.train.latest_checkpoint(str(tmp_path / "checkpoints")))
+    capsys.readouterr()
+    history = train.main([*quick, "--set", "train.epochs=2"])
+    assert "(step 2, 1 epochs done)" in capsys.readouterr().out
+    assert len(history["loss"]) == 1
 
 
 def test_a_work_directory_of_another_model_is_refused(trained, capsys):
