@@ -1,6 +1,6 @@
 """Checkpoint averaging: a model whose weights are the mean of the last N checkpoints'.
 
-    python -m pipeline.average --workdir runs/X --last 3 --output runs/X-averaged
+    python -m pipeline.average --workdir runs/X --last 3 [--up-to-step S] --output runs/X-averaged
 
 writes a new work directory (configuration, vocabularies, `model.keras`) that
 `pipeline.evaluate`, `pipeline.translate` and `export` take like any other; the source work
@@ -23,6 +23,12 @@ def parse_args(argv):
     )
     parser.add_argument("--workdir", type=Path, required=True, help="a trained work directory")
     parser.add_argument("--last", type=int, default=3, help="how many checkpoints (default 3)")
+    parser.add_argument(
+        "--up-to-step",
+        type=int,
+        help="average the last checkpoints saved at or before this training step (default: "
+        "the newest), e.g. to score one run at several lengths",
+    )
     parser.add_argument(
         "--output", type=Path, required=True, help="the new work directory to write"
     )
@@ -48,7 +54,7 @@ def main(argv=None):
     )
 
     config, model = load_trained(args.workdir)[:2]
-    paths = last_checkpoints(args.workdir / CHECKPOINT_DIR, args.last)
+    paths = last_checkpoints(args.workdir / CHECKPOINT_DIR, args.last, args.up_to_step)
     if len(paths) < args.last:
         print(f"Only {len(paths)} checkpoints are kept; averaging those", file=sys.stderr)
     average_checkpoints(model, config["train"], paths)

@@ -121,12 +121,22 @@ def training_checkpoint(model, optimizer, completed_epochs, stream_positions=(),
     return checkpoint
 
 
-def last_checkpoints(checkpoint_dir, count):
-    """The `count` most recent checkpoint prefixes in `checkpoint_dir`, oldest first."""
+def last_checkpoints(checkpoint_dir, count, up_to_step=None):
+    """The `count` most recent checkpoint prefixes in `checkpoint_dir` (those saved at or
+    before training step `up_to_step`, when given), oldest first."""
     state = tf.train.get_checkpoint_state(str(checkpoint_dir))
     paths = list(state.all_model_checkpoint_paths) if state else []
     if not paths:
         raise UserError(f"{checkpoint_dir}: no checkpoints here")
+    if up_to_step is not None:
+        steps = [int(path.rsplit("-", 1)[1]) for path in paths]  # saved as ckpt-STEP
+        kept = ", ".join(map(str, steps))
+        paths = [path for path, step in zip(paths, steps) if step <= up_to_step]
+        if not paths:
+            raise UserError(
+                f"{checkpoint_dir}: no checkpoint at or before step {up_to_step} is kept "
+                f"(steps {kept})"
+            )
     return paths[-count:]
 
 

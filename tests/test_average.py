@@ -111,12 +111,23 @@ def test_the_command_writes_an_averaged_work_directory(averaged_run, tmp_path, c
     average.main(["--workdir", str(averaged_run), "--last", "5", "--output", str(output)])
     assert "Only 2 checkpoints are kept" in capsys.readouterr().err
 
+    # --up-to-step: the last checkpoints saved at or before that step.
+    earlier = tmp_path / "earlier"
+    average.main(["--workdir", str(averaged_run), "--last", "2", "--up-to-step", "7",
+                  "--output", str(earlier)])  # fmt: skip
+    assert "Averaged 1 checkpoints (ckpt-6)" in capsys.readouterr().out
+    for a, b in zip(
+        load_trained(earlier)[1].get_weights(), mean_of_restored(averaged_run, [6]), strict=True
+    ):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+
 
 @pytest.mark.parametrize(
     "arguments, message",
     [
         (["--last", "0"], "--last must be at least 1"),
         (["--output", "SAME"], "--output must differ from --workdir"),
+        (["--up-to-step", "5"], "no checkpoint at or before step 5 is kept (steps 6, 8)"),
     ],
 )
 def test_the_command_refuses_bad_arguments(averaged_run, tmp_path, capsys, arguments, message):
