@@ -59,10 +59,11 @@ def _chunk_cross_entropy(features, labels, valid, kernel, label_smoothing):
     nll = top + tf.math.log(total) - label_logits
     loss = nll + label_smoothing * (label_logits - tf.reduce_mean(logits, axis=-1))
     hits = tf.cast(label_logits >= top, tf.float32)
-    vocab_size = tf.cast(tf.shape(logits)[-1], tf.float32)
+    vocab_size = tf.shape(logits)[-1]
     # d loss / d logits = softmax - the smoothed one-hot, zero at the padding rows.
-    target = tf.one_hot(labels, tf.shape(logits)[-1], on_value=1.0 - label_smoothing, off_value=0.0)
-    grad_logits = (exp / total[:, None] - label_smoothing / vocab_size - target) * valid[:, None]
+    target = tf.one_hot(labels, vocab_size, on_value=1.0 - label_smoothing, off_value=0.0)
+    uniform = label_smoothing / tf.cast(vocab_size, tf.float32)
+    grad_logits = (exp / total[:, None] - uniform - target) * valid[:, None]
     return (
         tf.reduce_sum(loss * valid),
         tf.reduce_sum(nll * valid),

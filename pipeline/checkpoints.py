@@ -92,12 +92,15 @@ def make_optimizer(train, learning_rate):
     return adam
 
 
+EPOCH_STEPS = "epoch_steps"  # the training checkpoint's name for the run's epoch length
+
+
 def holds_epoch_length(checkpoint_path):
-    """Whether a training checkpoint keeps its run's epoch length (`epoch_steps`): those from
+    """Whether a training checkpoint keeps its run's epoch length (`EPOCH_STEPS`): those from
     before it did resume without it. A damaged one says True: restoring it reports the damage."""
     try:
         return tf.train.load_checkpoint(checkpoint_path).has_tensor(
-            "epoch_steps/.ATTRIBUTES/VARIABLE_VALUE"
+            f"{EPOCH_STEPS}/.ATTRIBUTES/VARIABLE_VALUE"
         )
     except Exception:  # the checkpoint reader raises many types for a damaged file
         return True
@@ -107,7 +110,7 @@ def training_checkpoint(model, optimizer, completed_epochs, stream_positions=(),
     """The `tf.train.Checkpoint` that training saves and resumes from: with the training
     stream's position in each corpus (`stream_positions`) and the run's steps per epoch
     (`epoch_steps`), when given."""
-    extra = {} if epoch_steps is None else {"epoch_steps": epoch_steps}
+    extra = {} if epoch_steps is None else {EPOCH_STEPS: epoch_steps}
     checkpoint = tf.train.Checkpoint(
         model=model,
         optimizer=optimizer,
