@@ -241,7 +241,10 @@ class StopOnSignal(keras.callbacks.Callback):
             self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
 
     def on_train_batch_end(self, batch, logs=None):
-        self._stop_if_asked()
+        # After an epoch's last step, the epoch ends first: its checkpoint counts it as done,
+        # where one saved here would have the resumed run repeat the whole epoch.
+        if batch + 1 != self.params.get("steps"):
+            self._stop_if_asked()
 
     def on_epoch_begin(self, epoch, logs=None):
         self._stop_if_asked()  # a signal during validation: the epoch's checkpoint is saved

@@ -19,7 +19,7 @@ import tensorflow as tf
 from export.runtime import OnnxTranslator
 from helpers import real_sentences
 from pipeline import callbacks as training_callbacks
-from pipeline import train, translate
+from pipeline import train, trainer, translate
 from pipeline.config import PROJECT_ROOT, load_config
 from pipeline.errors import UserError
 from pipeline.workdir import load_trained
@@ -335,6 +335,40 @@ def test_a_signal_between_the_two_fits_of_a_resumed_epoch_is_caught():
         callback.restore_handlers()
         signal.signal(signal.SIGTERM, previous)
     assert interrupted.value.checkpoint == "ckpt-7" and saved == ["ckpt-7"] and not stray
+
+
+def test_a_signal_at_an_epochs_last_step_lets_the_epoch_end_first(tmp_path):
+    """A signal during an epoch's last step stops after that epoch's end: its checkpoint
+    counts the epoch as done, so the resumed run does not train it again (it once did)."""
+    steps_per_epoch = 4
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    completed_epochs = tf.Variable(0, dtype=tf.int64)
+    manager = tf.train.CheckpointManager(
+        tf.train.Checkpoint(model=model, optimizer=model.optimizer, epochs=completed_epochs),
+        str(tmp_path), max_to_keep=5,
+    )  # fmt: skip
+    checkpointer = training_callbacks.CheckpointEveryNSteps(manager, completed_epochs, 100)
+
+    class SignalAtLastStep(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch + 1 == steps_per_epoch:
+                signal.raise_signal(signal.SIGTERM)
+
+    stopper = training_callbacks.StopOnSignal(checkpointer, log=lambda message: None)
+    features, targets = np.ones((8, 2), "float32"), np.ones((8, 1), "float32")
+    try:
+        with pytest.raises(training_callbacks.TrainingInterrupted) as interrupted:
+            model.fit(
+                features, targets, batch_size=2, epochs=3, steps_per_epoch=steps_per_epoch,
+                callbacks=[SignalAtLastStep(), checkpointer, stopper], verbose=0,
+            )  # fmt: skip
+    finally:
+        stopper.restore_handlers()
+    assert interrupted.value.checkpoint.endswith(f"ckpt-{steps_per_epoch}")
+    assert int(completed_epochs.numpy()) == 1
+    work = trainer._remaining_work(steps_per_epoch, 3, 1, steps_per_epoch, log=print)
+    assert work == [(1, 3, steps_per_epoch)]
 
 
 # Interrupted work (subprocesses; slow).
