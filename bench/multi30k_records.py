@@ -2,6 +2,7 @@
 
     python bench/multi30k_records.py --workdirs runs/A [runs/B ...] [--average 1 5 10]
         [--beam-sizes 4 5 8] [--length-penalties 0.6 1.0]
+        [--held-out data/multi30k/test_2017_flickr]
 
 For each trained work directory, and with `--average` for models averaged from its last N kept
 checkpoints (`python -m pipeline.average`, into `WORKDIR-avgN`, reused when present), the
@@ -15,7 +16,9 @@ validation and test splits are translated with the recipe's own search and score
 With `--beam-sizes` or `--length-penalties`, validation is translated with every combination
 (one row each) and test only with the one of highest validation BLEU, so that the search is
 chosen on validation. Choose between recipes on the validation columns only; the test columns
-are the record.
+are the record. `--held-out PREFIX` scores one more test set with that same search, read from
+`PREFIX.<source language>.gz` and `PREFIX.<target language>.gz`: a second opinion on the
+choices, never a ground for them.
 """
 
 import argparse
@@ -54,6 +57,19 @@ def averaged(workdir, last):
     return output
 
 
+def with_test_set(loaded, prefix):
+    """`loaded` (`load_trained`'s) with its test split read from `prefix.<language>.gz`."""
+    from pipeline.config import model_languages
+
+    config, *rest = loaded
+    languages = model_languages(config["data"])
+    files = {
+        f"test_{side}": f"{Path(prefix).resolve()}.{languages[side]}.gz"
+        for side in ("source", "target")
+    }
+    return ({**config, "data": {**config["data"], **files, "test_tsv": None}}, *rest)
+
+
 def score(loaded, split, beam_size=None, length_penalty=None):
     from pipeline.config import model_languages
     from pipeline.evaluate import translate_split
@@ -79,15 +95,20 @@ def main():
     )  # fmt: skip
     parser.add_argument("--beam-sizes", type=int, nargs="+", default=[None])
     parser.add_argument("--length-penalties", type=float, nargs="+", default=[None])
+    parser.add_argument(
+        "--held-out", metavar="PREFIX",
+        help="also score PREFIX.<source>.gz -> PREFIX.<target>.gz with the chosen search",
+    )  # fmt: skip
     args = parser.parse_args()
+    splits = ["valid", "test"] + ([Path(args.held_out).name] if args.held_out else [])
     from pipeline.workdir import load_trained
 
     print(
         "| model | search | training | "
-        + " | ".join(f"{split} {column}" for split in ("valid", "test") for column in COLUMNS)
+        + " | ".join(f"{split} {column}" for split in splits for column in COLUMNS)
         + " |"
     )
-    print("|---|---|---:|" + "---:|" * 2 * len(COLUMNS))
+    print("|---|---|---:|" + "---:|" * len(splits) * len(COLUMNS))
     for workdir in args.workdirs:
         report_path = workdir / "test_report.json"
         seconds = json.loads(report_path.read_text()).get("training_seconds") if (
@@ -102,11 +123,14 @@ def main():
                 for length_penalty in args.length_penalties
             ]
             best = max(valid, key=lambda report: report["bleu"])
-            test = score(loaded, "test", *best["search"])
+            tests = [score(loaded, "test", *best["search"])]
+            if args.held_out:
+                tests.append(score(with_test_set(loaded, args.held_out), "test", *best["search"]))
             for report in valid:
                 figures = [f"{report[column]:.2f}" for column in COLUMNS]
                 tested = report is best
-                figures += [f"{test[column]:.2f}" if tested else "" for column in COLUMNS]
+                for test in tests:
+                    figures += [f"{test[column]:.2f}" if tested else "" for column in COLUMNS]
                 search = "beam {}, lp {}".format(*report["search"])
                 row = [model.name, search, training] + figures
                 print("| " + " | ".join(row) + " |", flush=True)
