@@ -151,12 +151,19 @@ class TrainingCorpus:
 
 @dataclasses.dataclass
 class Reservoir:
-    """A uniform random sample of at most `size` lines of a stream (Algorithm R)."""
+    """A uniform random sample of at most `size` lines of a stream (Algorithm R).
+
+    Which positions it keeps depends only on `size`, `seed` and the stream's length, not on
+    the lines or how they come in blocks: reservoirs fed aligned files hold aligned lines.
+    """
 
     size: int
-    rng: np.random.Generator
+    seed: int
     seen: int = 0
     lines: list = dataclasses.field(default_factory=list)
+
+    def __post_init__(self):
+        self.rng = np.random.default_rng(self.seed)
 
     def add(self, lines):
         fill = min(max(self.size - len(self.lines), 0), len(lines))
@@ -225,12 +232,11 @@ def scan_file(path, tsv, skip_bad_lines, reservoirs=(), progress=lambda size: No
             )
         if reservoirs:
             rows = block.split(b"\n")
-            if bad:
-                skipped = set(bad)
-                rows = [row for index, row in enumerate(rows) if index not in skipped]
+            for index in bad:  # keeps its position, so that the sides stay aligned
+                rows[index] = None
             if tsv:
-                fields = [row.split(b"\t", 2) for row in rows]
-                columns = [field[0] for field in fields], [field[1] for field in fields]
+                fields = [row and row.split(b"\t", 2) for row in rows]
+                columns = [f and f[0] for f in fields], [f and f[1] for f in fields]
             else:
                 columns = (rows,)
             for reservoir, column in zip(reservoirs, columns):
@@ -282,13 +288,12 @@ def _corpus_files(spec):
 def scan_training_corpora(data_config, sample_size=0, seed=0, log=print):
     """The training corpora of the configuration as `TrainingCorpus`es, every file counted and
     checked in one streaming pass (as `wc -l` costs), and a uniform random sample of at most
-    `sample_size` source and target sentences: `(corpora, source sample, target sample)`.
+    `sample_size` pairs: `(corpora, source sample, target sample)`, the samples aligned.
 
     Aligned files must have equal line counts; a glob pattern on either side pairs the files
     it matches in sorted order. A progress bar shows the pass over large corpora.
     """
-    rng = np.random.default_rng(seed)
-    samples = (Reservoir(sample_size, rng), Reservoir(sample_size, rng)) if sample_size else ()
+    samples = (Reservoir(sample_size, seed), Reservoir(sample_size, seed)) if sample_size else ()
     skip = data_config["skip_bad_lines"]
     specs = _corpus_specs(data_config)
     files = [_corpus_files(spec) for spec in specs]
@@ -327,5 +332,6 @@ def scan_training_corpora(data_config, sample_size=0, seed=0, log=print):
             + (f", {corpus.bad_lines} bad line(s) to skip" if corpus.bad_lines else "")
             + (f", weight {corpus.weight:g}" if len(corpora) > 1 else "")
         )
-    source_sample, target_sample = (r.lines for r in samples) if samples else ([], [])
+    pairs = [p for p in zip(*(r.lines for r in samples)) if None not in p] if samples else []
+    source_sample, target_sample = [s for s, _ in pairs], [t for _, t in pairs]
     return corpora, source_sample, target_sample

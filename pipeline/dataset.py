@@ -351,7 +351,7 @@ def estimate_steps_per_pass(corpora, source_sample, target_sample, tokenizers, d
     Training data with no usable pair in the sample is a `UserError`: the endless stream
     would otherwise search it for ever.
     """
-    count = min(len(source_sample), len(target_sample))
+    count = len(source_sample)  # the samples are aligned pairs
     rng = np.random.default_rng(0)
     chosen = rng.choice(count, size=min(count, ESTIMATE_SAMPLE), replace=False)
     lengths = [

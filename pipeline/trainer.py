@@ -283,7 +283,7 @@ def run(config, workdir, log=print, init_from=None):
             task.is_chief,
         )  # fmt: skip
     # A resumed run keeps the epoch length it began with: the estimate's sample differs when
-    # the vocabularies are reused rather than built (131 against 141 steps on Multi30k). Runs
+    # the vocabularies are reused rather than built (131 against 130 steps on Multi30k). Runs
     # whose checkpoints predate it estimate again.
     resumed_epoch_steps = int(epoch_steps.numpy())
     steps_per_epoch = train["steps_per_epoch"] or resumed_epoch_steps or steps_per_pass

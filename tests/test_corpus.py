@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipeline import corpus as corpus_module
 from pipeline.corpus import read_aligned, read_split, read_tsv, scan_training_corpora
 from pipeline.errors import UserError
 
@@ -141,6 +142,29 @@ def test_the_vocabulary_sample_is_uniform_and_bounded(tmp_path):
     # Uniform over 0..19,999: each tenth of the file holds 200 +- 3 standard deviations (13).
     counts = np.bincount(numbers // 2_000, minlength=10)
     assert np.all(np.abs(counts - 200) < 40), counts
+
+
+@pytest.mark.parametrize("layout", ["aligned files", "tsv"])
+def test_the_sample_holds_whole_pairs(tmp_path, monkeypatch, layout):
+    """The source and target samples are the same pairs, though the two files' blocks end at
+    other lines and a bad line is skipped: the epoch length is estimated from the pairs'
+    lengths (with each side sampled apart, it came out 7% long)."""
+    monkeypatch.setattr(corpus_module, "SCAN_CHUNK_BYTES", 4096)
+    sources = [b"%d" % n for n in range(30_000)]
+    targets = [b"number %d %s" % (n, b"x" * (n % 37)) for n in range(30_000)]
+    sources[12_345] = b"kaputt \xff"
+    if layout == "tsv":
+        rows = [s + b"\t" + t for s, t in zip(sources, targets)]
+        (tmp_path / "p.tsv").write_bytes(b"\n".join(rows) + b"\n")
+        paths = dict(train_tsv="p.tsv")
+    else:
+        (tmp_path / "x.de").write_bytes(b"\n".join(sources) + b"\n")
+        (tmp_path / "x.en").write_bytes(b"\n".join(targets) + b"\n")
+        paths = dict(train_source="x.de", train_target="x.en")
+    _, sampled_sources, sampled_targets = scan(tmp_path, True, 3_000, **paths)
+    assert 2_999 <= len(sampled_sources) == len(sampled_targets)
+    pairs = {(int(s), int(t.split()[1])) for s, t in zip(sampled_sources, sampled_targets)}
+    assert all(s == t for s, t in pairs) and len(pairs) == len(sampled_sources)
 
 
 def scan_peak(tmp_path, lines):
