@@ -118,7 +118,7 @@ def diagnose(name, settings, config_path, vocab_workdir, steps, every):
     keras.utils.set_random_seed(config["train"]["seed"])  # first: it drops tokenizers' resources
     tokenizers = [Tokenizer(path) for path in vocabulary_paths(vocab_workdir)]
     model = build_model(config, tokenizers[0].vocab_size, tokenizers[1].vocab_size)
-    optimizer = make_optimizer(config["train"], config["train"]["learning_rate"])
+    optimizer = make_optimizer(config["train"])
     model.compile(optimizer=optimizer)
     recorder = ScoreRecorder(model.decoder.attention)
     inputs, labels = _probe_batch(config, tokenizers)

@@ -63,7 +63,7 @@ class StepTimer(keras.callbacks.Callback):
 def train(config, tokenizers, make_stream, steps):
     """(steps/s, target tokens/s) of training on the stream, step tracing excluded."""
     model = build_model(config, tokenizers[0].vocab_size, tokenizers[1].vocab_size)
-    model.compile(optimizer=make_optimizer(config["train"], config["train"]["learning_rate"]))
+    model.compile(optimizer=make_optimizer(config["train"]))
     counted = make_stream().take(WARMUP_STEPS + steps)
     tokens = sum(target_tokens(labels) for _, labels in counted.skip(WARMUP_STEPS))
     timer = StepTimer()

@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from pipeline.errors import UserError, first_line
-from pipeline.schedules import LearningRateSchedule
+from pipeline.schedules import schedule_from_config
 
 
 @keras.saving.register_keras_serializable(package="seq2seq")
@@ -76,16 +76,11 @@ class StepCountingLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self.inner_optimizer.iterations.assign_add(1)
 
 
-def make_optimizer(train, learning_rate):
-    """Training's optimizer: Adam on the configured schedule, with global-norm clipping (of
-    the unscaled gradients), under dynamic loss scaling when training in mixed_float16."""
-    schedule = LearningRateSchedule(
-        train["lr_schedule"],
-        learning_rate,
-        train["warmup_steps"],
-        train["decay_steps"],
-        train["decay_rate"],
-    )
+def make_optimizer(train, schedule=None):
+    """Training's optimizer: Adam on `schedule` (by default the configured one), with
+    global-norm clipping (of the unscaled gradients), under dynamic loss scaling when training
+    in mixed_float16."""
+    schedule = schedule or schedule_from_config(train, train["learning_rate"])
     adam = FusedAdam(schedule, global_clipnorm=train["clip_norm"] or None)
     if train["precision"] == "mixed_float16":  # float16 gradients underflow without scaling
         return StepCountingLossScaleOptimizer(adam)
@@ -155,7 +150,7 @@ def average_checkpoints(model, train, paths):
         raise UserError("no checkpoints to average")
     original = model.get_weights()
     # A compiled model tracks its optimizer: the checkpoint's optimizer must be that one.
-    optimizer = getattr(model, "optimizer", None) or make_optimizer(train, train["learning_rate"])
+    optimizer = getattr(model, "optimizer", None) or make_optimizer(train)
     if not optimizer.built:
         optimizer.build(model.trainable_variables)
     reader = training_checkpoint(model, optimizer, tf.Variable(0, dtype=tf.int64))

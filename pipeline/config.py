@@ -30,6 +30,7 @@ ATTENTIONS = (
 )
 # Keras dtype policies a model may train under; its variables and exports stay float32.
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+SCHEDULE_KINDS = ("constant", "inverse_sqrt", "exponential")  # see pipeline.schedules
 EXPORT_FORMATS = ("saved_model", "onnx", "ctranslate2")
 DEFAULT_EXPORT_FORMATS = ("saved_model", "onnx")
 # CTranslate2's weight types (`spec.optimize(quantization=...)`); none keeps float32.
@@ -146,10 +147,12 @@ SCHEMA = {
         "shuffle_buffer": _positive_int(30000),
         "seed": Field(int, 1234),
         "learning_rate": Field(float, 1e-3, minimum=0.0),
-        "lr_schedule": Field(str, "constant", choices=("constant", "inverse_sqrt", "exponential")),
+        "lr_schedule": Field(str, "constant", choices=SCHEDULE_KINDS),
         "warmup_steps": Field(int, 0, minimum=0),
         "decay_steps": _positive_int(1000),
         "decay_rate": Field(float, 0.5, minimum=0.0, maximum=1.0),
+        # The last N epochs take the learning rate linearly down to 0 (0: no cool-down).
+        "cooldown_epochs": Field(int, 0, minimum=0),
         "clip_norm": Field(float, 5.0, minimum=0.0, nullable=True),
         "label_smoothing": Field(float, 0.1, minimum=0.0, maximum=0.99),
         "sampling_schedule": Field(

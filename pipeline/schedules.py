@@ -1,22 +1,30 @@
-"""Learning-rate schedules with an optional linear warm-up."""
+"""Learning-rate schedules with an optional linear warm-up and linear cool-down."""
 
 import keras
 from keras import ops
 
-KINDS = ("constant", "inverse_sqrt", "exponential")
+from pipeline.config import SCHEDULE_KINDS as KINDS
 
 
 @keras.saving.register_keras_serializable(package="seq2seq")
 class LearningRateSchedule(keras.optimizers.schedules.LearningRateSchedule):
-    """lr(step) = learning_rate * warmup(step) * decay(step).
+    """lr(step) = learning_rate * warmup(step) * decay(step) * cooldown(step).
 
     warmup rises linearly to 1 over `warmup_steps` (none if 0). decay is
     - "constant":     1
     - "inverse_sqrt": sqrt(warmup_steps / step) after the warm-up (Vaswani et al., 2017)
     - "exponential":  decay_rate ** (step / decay_steps)
+    cooldown falls linearly from 1 to 0 over the last `cooldown_steps` before `end_step`, the
+    run's last step (none if 0): the annealing that a run of fixed length ends with
+    (Hägele et al., 2024, "warmup-stable-decay"). Both are counted in steps, which the trainer
+    knows only once it knows the run's epoch length: `set_cooldown` sets them after
+    construction, before the first step.
     """
 
-    def __init__(self, kind, learning_rate, warmup_steps=0, decay_steps=1000, decay_rate=0.5):
+    def __init__(
+        self, kind, learning_rate, warmup_steps=0, decay_steps=1000, decay_rate=0.5,
+        cooldown_steps=0, end_step=None,
+    ):  # fmt: skip
         if kind not in KINDS:
             raise ValueError(f"learning-rate schedule must be one of {KINDS}, got {kind!r}")
         self.kind = kind
@@ -24,6 +32,8 @@ class LearningRateSchedule(keras.optimizers.schedules.LearningRateSchedule):
         self.warmup_steps = int(warmup_steps)
         self.decay_steps = int(decay_steps)
         self.decay_rate = float(decay_rate)
+        self.cooldown_steps = int(cooldown_steps)
+        self.end_step = end_step
 
     def __call__(self, step):
         step = ops.cast(step, "float32") + 1.0
@@ -33,7 +43,16 @@ class LearningRateSchedule(keras.optimizers.schedules.LearningRateSchedule):
             factor = factor * ops.sqrt(warmup / ops.maximum(step, warmup))
         elif self.kind == "exponential":
             factor = factor * ops.power(self.decay_rate, (step - 1.0) / self.decay_steps)
+        if self.cooldown_steps:
+            if self.end_step is None:
+                raise ValueError("a cool-down needs the run's last step: set end_step first")
+            left = (float(self.end_step) - step + 1.0) / self.cooldown_steps
+            factor = factor * ops.clip(left, 0.0, 1.0)
         return self.learning_rate * factor
+
+    def set_cooldown(self, cooldown_steps, end_step):
+        self.cooldown_steps = int(cooldown_steps)
+        self.end_step = int(end_step)
 
     def get_config(self):
         return {
@@ -42,4 +61,19 @@ class LearningRateSchedule(keras.optimizers.schedules.LearningRateSchedule):
             "warmup_steps": self.warmup_steps,
             "decay_steps": self.decay_steps,
             "decay_rate": self.decay_rate,
+            "cooldown_steps": self.cooldown_steps,
+            "end_step": self.end_step,
         }
+
+
+def schedule_from_config(train, learning_rate):
+    """The schedule of a `train` configuration section peaking at `learning_rate` (the
+    configured one, scaled for the replicas where asked), without its cool-down, which
+    `set_cooldown` adds once the run's length in steps is known."""
+    return LearningRateSchedule(
+        train["lr_schedule"],
+        learning_rate,
+        train["warmup_steps"],
+        train["decay_steps"],
+        train["decay_rate"],
+    )

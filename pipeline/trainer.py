@@ -35,6 +35,7 @@ from pipeline.distribution import WorkerLost, current_task, make_strategy, take_
 from pipeline.errors import UserError, first_line
 from pipeline.evaluation import score_translations
 from pipeline.model_builder import build_model
+from pipeline.schedules import schedule_from_config
 from pipeline.tokenizer import prepare_tokenizers, vocabularies_to_build
 from pipeline.translation import SearchOptions, Translator
 from pipeline.workdir import (
@@ -261,7 +262,8 @@ def run(config, workdir, log=print, init_from=None):
         model = build_model(config, *vocab_sizes, precision=train["precision"], for_training=True)
         # What is translated, scored and saved: the plain float32 model that exports will hold.
         float32_model = build_model(config, *vocab_sizes)
-        optimizer = make_optimizer(train, learning_rate)
+        schedule = schedule_from_config(train, learning_rate)
+        optimizer = make_optimizer(train, schedule)
         model.compile(optimizer=optimizer, jit_compile=train["jit_compile"])
         optimizer.build(model.trainable_variables)  # now, so that replicas need no sample batch
         completed_epochs = tf.Variable(0, dtype=tf.int64, trainable=False)
@@ -295,6 +297,15 @@ def run(config, workdir, log=print, init_from=None):
     else:
         origin = " (about one pass over the training data)"
     log(f"Epochs of {steps_per_epoch:,} steps{origin}")
+    if train["cooldown_epochs"]:
+        end_step = train["epochs"] * steps_per_epoch
+        cooldown_steps = min(train["cooldown_epochs"], train["epochs"]) * steps_per_epoch
+        schedule.set_cooldown(cooldown_steps, end_step)
+        log(
+            f"Learning rate cools down linearly to 0 over steps "
+            f"{end_step - cooldown_steps + 1:,}-{end_step:,} (train.cooldown_epochs: "
+            f"{cooldown_steps // steps_per_epoch})"
+        )
     log(f"Model: {model.count_params():,} parameters")
     step = int(optimizer.iterations.numpy())
     if step:

@@ -23,7 +23,7 @@ def smoke_model(vocab_size=50):
 
 def save_checkpoint(model, prefix):
     """As training saves: the model, its optimizer and the epoch counter."""
-    optimizer = make_optimizer(TRAIN, TRAIN["learning_rate"])
+    optimizer = make_optimizer(TRAIN)
     optimizer.build(model.trainable_variables)
     epochs = tf.Variable(1, dtype=tf.int64)
     return training_checkpoint(model, optimizer, epochs).save(str(prefix))

@@ -63,10 +63,13 @@ def test_rerun_resumes_where_it_stopped(trained, capsys):
     workdir, _ = trained
     # With no epoch length set, a resumed run keeps the one it began with (not a new estimate).
     history = train.main(["--config", SMOKE, "--workdir", str(workdir), "--set", "train.epochs=3",
-                          "--set", "train.steps_per_epoch=null"])  # fmt: skip
+                          "--set", "train.steps_per_epoch=null",
+                          "--set", "train.cooldown_epochs=1"])  # fmt: skip
     output = capsys.readouterr().out
     assert "Resuming from" in output and "(step 8, 2 epochs done)" in output
     assert "Epochs of 4 steps (as the run began)" in output
+    # The cool-down is counted in the kept epoch length, to the end of the (longer) run.
+    assert "cools down linearly to 0 over steps 9-12 (train.cooldown_epochs: 1)" in output
     assert re.search(
         r"Training stream: \S+val.de.gz \+ \S+ continues at line [\d,]+ of pass", output
     )
