@@ -77,11 +77,13 @@ class StepCountingLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
 
 def make_optimizer(train, schedule=None):
-    """Training's optimizer: Adam on `schedule` (by default the configured one), with
-    global-norm clipping (of the unscaled gradients), under dynamic loss scaling when training
-    in mixed_float16."""
+    """Training's optimizer: Adam on `schedule` (by default the configured one) with the
+    configured `adam_beta2`, global-norm clipping (of the unscaled gradients), under dynamic
+    loss scaling when training in mixed_float16."""
     schedule = schedule or schedule_from_config(train, train["learning_rate"])
-    adam = FusedAdam(schedule, global_clipnorm=train["clip_norm"] or None)
+    adam = FusedAdam(
+        schedule, beta_2=train["adam_beta2"], global_clipnorm=train["clip_norm"] or None
+    )
     if train["precision"] == "mixed_float16":  # float16 gradients underflow without scaling
         return StepCountingLossScaleOptimizer(adam)
     return adam

@@ -153,6 +153,8 @@ SCHEMA = {
         "decay_rate": Field(float, 0.5, minimum=0.0, maximum=1.0),
         # The last N epochs take the learning rate linearly down to 0 (0: no cool-down).
         "cooldown_epochs": Field(int, 0, minimum=0),
+        # Adam's decay of its squared-gradient average; Transformer recipes commonly use 0.98.
+        "adam_beta2": Field(float, 0.999, minimum=0.0, maximum=0.9999),
         "clip_norm": Field(float, 5.0, minimum=0.0, nullable=True),
         "label_smoothing": Field(float, 0.1, minimum=0.0, maximum=0.99),
         "sampling_schedule": Field(

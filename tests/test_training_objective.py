@@ -15,7 +15,8 @@ from layers.token_losses import (
     projected_token_cross_entropy,
     token_cross_entropy,
 )
-from pipeline.checkpoints import FusedAdam
+from pipeline.checkpoints import FusedAdam, make_optimizer
+from pipeline.config import PROJECT_ROOT, load_config
 
 
 def test_constant_schedule():
@@ -155,13 +156,21 @@ def _adam_steps(optimizer, weights, batches):
     return [embedding.numpy(), dense.numpy()]
 
 
-def test_fused_adam_updates_as_keras_adam():
+@pytest.mark.parametrize("beta_2", [0.999, 0.98])
+def test_fused_adam_updates_as_keras_adam(beta_2):
     """Sparse (embedding) and dense gradients, clipped, over 20 steps: the same weights."""
     init = np.random.default_rng(0).normal(size=(50, 8)).astype("float32")
     weights = [init, init[:8]]
     batches = [np.random.default_rng(i).integers(0, 50, 16) for i in range(20)]
-    expected = _adam_steps(keras.optimizers.Adam(1e-2, global_clipnorm=1.0), weights, batches)
-    fused = _adam_steps(FusedAdam(1e-2, global_clipnorm=1.0), weights, batches)
+    options = dict(beta_2=beta_2, global_clipnorm=1.0)
+    expected = _adam_steps(keras.optimizers.Adam(1e-2, **options), weights, batches)
+    fused = _adam_steps(FusedAdam(1e-2, **options), weights, batches)
     assert not np.allclose(expected[0], init, atol=0.05)  # the steps moved the weights
     for expected_weights, fused_weights in zip(expected, fused, strict=True):
         np.testing.assert_allclose(fused_weights, expected_weights, atol=1e-5)
+
+
+def test_the_optimizer_takes_the_configured_beta_2():
+    train = load_config(PROJECT_ROOT / "configs" / "smoke.yaml")["train"]
+    assert make_optimizer(train).beta_2 == 0.999  # Keras' default, unless configured
+    assert make_optimizer({**train, "adam_beta2": 0.98}).beta_2 == 0.98
