@@ -5,6 +5,7 @@ and the Node.js example, on a briefly trained smoke model."""
 import collections
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -601,3 +602,31 @@ def test_every_runtime_starts_each_translation_with_its_prefix(workdir, loaded, 
         assert text.startswith(prefix), (text, prefix)
     # Without a prefix, as before.
     assert OnnxTranslator(out).translate(sentences) == serve(loaded, sentences)[0]
+
+
+def test_a_failing_tf2onnx_pass_is_skipped_as_tf2onnx_does(monkeypatch):
+    """The conversion runs tf2onnx's passes in place; if one fails, it converts again with
+    the passes on copies, so the failing one is skipped and the model still converts."""
+    import tf2onnx.optimizer
+
+    from export.onnx_model import convert_to_onnx
+
+    attempts = []
+
+    class FailingPass:
+        graph_been_opt = False
+
+        def optimize(self, graph, iteration):
+            attempts.append(iteration)
+            raise ValueError("a pass that fails")
+
+    monkeypatch.setitem(tf2onnx.optimizer._optimizers, "failing_pass", FailingPass)
+    monkeypatch.delenv(tf2onnx.constants.ENV_TF2ONNX_CATCH_ERRORS, raising=False)
+    add_one = tf.function(
+        lambda x: x + 1.0, input_signature=[tf.TensorSpec([None], tf.float32, name="x")]
+    )
+    model = convert_to_onnx(add_one, opset=17)
+    session = onnxruntime.InferenceSession(model.SerializeToString())
+    np.testing.assert_allclose(session.run(None, {"x": np.array([1.0, 2.0], "float32")})[0], [2, 3])
+    assert len(attempts) >= 2  # failed in place, then skipped on a copy
+    assert tf2onnx.constants.ENV_TF2ONNX_CATCH_ERRORS not in os.environ
