@@ -65,8 +65,8 @@ def _environment_variable(name, value):
 def convert_to_onnx(function, opset):
     """tf2onnx's conversion of a `tf.function` with an input signature. By default tf2onnx
     runs each of its optimiser passes on a deep copy of the graph, to fall back on if the pass
-    fails: the largest single cost of converting the beam search (bench/RESULTS.md). The
-    passes run in place first, and on copies only if one of them fails."""
+    fails: nearly half the passes' time on the beam search (bench/RESULTS.md). The passes
+    run in place first, and on copies only if one of them fails."""
     convert = functools.partial(
         tf2onnx.convert.from_function,
         function,
