@@ -17,6 +17,7 @@ from layers.source_attention import SourceAttention
 from layers.state_bridge import StateBridge
 from layers.transformer import Transformer
 from layers.transformer_decoder_layer import TransformerDecoderLayer
+from layers.transformer_encoder_layer import TransformerEncoderLayer
 
 __all__ = [
     "AttentionDecoder",
@@ -34,6 +35,7 @@ __all__ = [
     "StateBridge",
     "Transformer",
     "TransformerDecoderLayer",
+    "TransformerEncoderLayer",
 ]
 
 

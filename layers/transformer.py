@@ -9,6 +9,7 @@ from keras import ops
 from layers.encoder_decoder_model import EncoderDecoderModel
 from layers.masking import sequence_mask
 from layers.transformer_decoder_layer import TransformerDecoderLayer
+from layers.transformer_encoder_layer import TransformerEncoderLayer
 
 POSITIONS = ("sinusoidal", "learned")
 
@@ -31,7 +32,10 @@ class Transformer(EncoderDecoderModel):
         num_heads: attention heads (model_dim must be divisible by it).
         intermediate_dim: hidden size of the feed-forward networks.
         encoder_layers, decoder_layers: stack depths.
-        dropout: dropout rate (embeddings, sublayers, attention weights, FFN).
+        dropout: dropout rate on the embeddings and after each sublayer.
+        attention_dropout: rate on the self-attention weights (None: `dropout`).
+        ffn_dropout: rate on the decoder's feed-forward hidden activations (None:
+            `dropout`; keras-hub's encoder layers drop none there).
         positions: "sinusoidal" or "learned".
         max_positions: the longest sequence learned positions cover.
         tie_embeddings: the output projection is the transposed target embedding
@@ -52,6 +56,8 @@ class Transformer(EncoderDecoderModel):
         encoder_layers=6,
         decoder_layers=6,
         dropout=0.1,
+        attention_dropout=None,
+        ffn_dropout=None,
         positions="sinusoidal",
         max_positions=512,
         tie_embeddings=True,
@@ -74,6 +80,10 @@ class Transformer(EncoderDecoderModel):
         self.num_encoder_layers = int(encoder_layers)
         self.num_decoder_layers = int(decoder_layers)
         self.dropout_rate = float(dropout)
+        self.attention_dropout_rate = float(
+            dropout if attention_dropout is None else attention_dropout
+        )
+        self.ffn_dropout_rate = float(dropout if ffn_dropout is None else ffn_dropout)
         self.positions = positions
         self.max_positions = int(max_positions)
         self.tie_embeddings = bool(tie_embeddings)
@@ -103,9 +113,10 @@ class Transformer(EncoderDecoderModel):
         self.target_positions = self._position_layer("target_positions")
         self.dropout = keras.layers.Dropout(self.dropout_rate)
         self.encoder_layers = [
-            keras_hub.layers.TransformerEncoder(
+            TransformerEncoderLayer(
                 self.intermediate_dim,
                 self.num_heads,
+                attention_dropout=self.attention_dropout_rate,
                 dropout=self.dropout_rate,
                 normalize_first=self.normalize_first,
                 name=f"encoder_layer_{i}",
@@ -117,6 +128,8 @@ class Transformer(EncoderDecoderModel):
                 self.num_heads,
                 self.intermediate_dim,
                 dropout=self.dropout_rate,
+                attention_dropout=self.attention_dropout_rate,
+                ffn_dropout=self.ffn_dropout_rate,
                 normalize_first=self.normalize_first,
                 name=f"decoder_layer_{i}",
             )  # fmt: skip
@@ -244,6 +257,8 @@ class Transformer(EncoderDecoderModel):
             encoder_layers=self.num_encoder_layers,
             decoder_layers=self.num_decoder_layers,
             dropout=self.dropout_rate,
+            attention_dropout=self.attention_dropout_rate,
+            ffn_dropout=self.ffn_dropout_rate,
             positions=self.positions,
             max_positions=self.max_positions,
             tie_embeddings=self.tie_embeddings,

@@ -28,7 +28,9 @@ class TransformerDecoderLayer(keras.layers.Layer):
     Args:
         num_heads: attention heads (the model size must be divisible by it).
         intermediate_dim: hidden size of the feed-forward network.
-        dropout: dropout rate after each sublayer, on attention weights and in the FFN.
+        dropout: dropout rate after each sublayer.
+        attention_dropout: rate on the self-attention weights (None: `dropout`).
+        ffn_dropout: rate on the FFN's hidden activations (None: `dropout`).
         activation: the feed-forward network's activation.
         normalize_first: pre-norm (True) or post-norm (False).
         layer_norm_epsilon: epsilon of the layer normalisations.
@@ -39,6 +41,8 @@ class TransformerDecoderLayer(keras.layers.Layer):
         num_heads,
         intermediate_dim,
         dropout=0.1,
+        attention_dropout=None,
+        ffn_dropout=None,
         activation="relu",
         normalize_first=True,
         layer_norm_epsilon=1e-5,
@@ -48,10 +52,15 @@ class TransformerDecoderLayer(keras.layers.Layer):
         self.num_heads = int(num_heads)
         self.intermediate_dim = int(intermediate_dim)
         self.dropout_rate = float(dropout)
+        self.attention_dropout_rate = float(
+            dropout if attention_dropout is None else attention_dropout
+        )
+        self.ffn_dropout_rate = float(dropout if ffn_dropout is None else ffn_dropout)
         self.activation = activation
         self.normalize_first = bool(normalize_first)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
         self.dropout = keras.layers.Dropout(self.dropout_rate)
+        self.ffn_dropout = keras.layers.Dropout(self.ffn_dropout_rate)
 
     def build(self, input_shape, memory_shape):
         dim = input_shape[-1]
@@ -59,7 +68,7 @@ class TransformerDecoderLayer(keras.layers.Layer):
             raise ValueError(f"model size {dim} is not divisible by num_heads {self.num_heads}")
         key_dim = dim // self.num_heads
         self.self_attention = CausalSelfAttention(
-            self.num_heads, key_dim, self.dropout_rate, name="self_attention"
+            self.num_heads, key_dim, self.attention_dropout_rate, name="self_attention"
         )
         self.cross_attention = MultiHeadCrossAttention(
             self.num_heads, key_dim, output_dim=dim, name="cross_attention"
@@ -93,7 +102,7 @@ class TransformerDecoderLayer(keras.layers.Layer):
         return (x if self.normalize_first else norm(x)), extra
 
     def _feedforward(self, x, training):
-        hidden = self.dropout(self.intermediate(x), training=training)
+        hidden = self.ffn_dropout(self.intermediate(x), training=training)
         return self.feedforward_output(hidden), None
 
     def call(self, x, memory_cache, memory_mask=None, training=None):
@@ -128,6 +137,8 @@ class TransformerDecoderLayer(keras.layers.Layer):
             num_heads=self.num_heads,
             intermediate_dim=self.intermediate_dim,
             dropout=self.dropout_rate,
+            attention_dropout=self.attention_dropout_rate,
+            ffn_dropout=self.ffn_dropout_rate,
             activation=self.activation,
             normalize_first=self.normalize_first,
             layer_norm_epsilon=self.layer_norm_epsilon,

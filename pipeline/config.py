@@ -59,8 +59,8 @@ def _positive_int(default, nullable=False):
     return Field(int, default, minimum=1, nullable=nullable)
 
 
-def _rate(default):
-    return Field(float, default, minimum=0.0, maximum=1.0)
+def _rate(default, nullable=False):
+    return Field(float, default, minimum=0.0, maximum=1.0, nullable=nullable)
 
 
 SCHEMA = {
@@ -134,6 +134,10 @@ SCHEMA = {
         # One embedding matrix for both sides (a Transformer's tied output projection too).
         "share_embeddings": Field(bool, False),
         "dropout": _rate(0.2),
+        # Transformers: the rates on the self-attention weights and on the decoder's
+        # feed-forward hidden activations (null: dropout's); fairseq's defaults are 0.
+        "attention_dropout": _rate(None, nullable=True),
+        "ffn_dropout": _rate(None, nullable=True),
     },
     "train": {
         "epochs": _positive_int(10),

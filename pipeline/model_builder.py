@@ -94,6 +94,8 @@ def build_transformer(config, source_vocab_size, target_vocab_size, model_class)
         encoder_layers=model_config["encoder_layers"],
         decoder_layers=model_config["decoder_layers"],
         dropout=model_config["dropout"],
+        attention_dropout=model_config["attention_dropout"],
+        ffn_dropout=model_config["ffn_dropout"],
         positions=model_config["positions"],
         max_positions=model_config["max_positions"],
         tie_embeddings=model_config["tie_embeddings"],

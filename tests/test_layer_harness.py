@@ -193,6 +193,14 @@ def causal_steps(layer, inputs):
     return np.stack(outputs, axis=1)
 
 
+ENCODER_MASK = SOURCE_MASK[:, :4]
+
+
+def encoder_layer_forward(layer, inputs):
+    """The outputs and the self-attention weights `[batch, heads, src_len, src_len]`."""
+    return layer(inputs["x"], padding_mask=ENCODER_MASK, return_attention_scores=True)
+
+
 def decoder_layer_inputs(rng):
     return {
         **sequence_inputs(rng),
@@ -359,8 +367,21 @@ CASES = [
         ),
         steps=causal_steps,
     ),
+    LayerCase(
+        "transformer_encoder_layer",
+        lambda: layers.TransformerEncoderLayer(16, 2, attention_dropout=0.0, dropout=0.1),
+        sequence_inputs,
+        encoder_layer_forward,
+        masking=Masking(
+            perturb=lambda inputs, rng: {"x": noise_at(inputs["x"], ENCODER_MASK, rng)},
+            invariant=lambda inputs, outputs: [np.asarray(outputs[0])[ENCODER_MASK]],
+            weights=lambda outputs: outputs[1],
+            source_mask=lambda inputs: ENCODER_MASK,
+        ),
+        skip={"steps": "an encoder layer reads the whole source at once"},
+    ),
     decoder_layer_case("pre_norm"),
-    decoder_layer_case("post_norm", normalize_first=False),
+    decoder_layer_case("post_norm", normalize_first=False, attention_dropout=0.0, ffn_dropout=0.2),
     model_case("recurrent_seq2seq", recurrent_model),
     model_case("transformer", transformer()),
     model_case(

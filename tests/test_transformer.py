@@ -77,6 +77,41 @@ def test_incremental_decoding_gives_the_full_pass_logits(rng, overrides):
     assert np.all(np.asarray(weights)[np.broadcast_to(padding[:, None], weights.shape)] == 0)
 
 
+@pytest.mark.parametrize(
+    "rates",
+    [
+        {"attention_dropout": 0.5},
+        {"ffn_dropout": 0.5},
+        {"attention_dropout": 0.0, "ffn_dropout": 0.0},
+    ],
+)
+def test_each_dropout_rate_drops_only_where_it_is_named(rng, rates):
+    """With every other rate at 0, training-mode logits differ from inference exactly when
+    the named rate is not 0; in the encoder it reaches keras-hub's attention layer."""
+    model = make_transformer(dropout=0.0, **rates)
+    for layer in model.encoder_layers:
+        assert layer._self_attention_layer.dropout == model.attention_dropout_rate
+    x, _ = reversal_data(rng, 4, VOCAB)
+    training = np.asarray(model.forward(x, training=True)[0])
+    inference = np.asarray(model.forward(x)[0])
+    assert np.allclose(training, inference, atol=1e-6) == (not any(rates.values()))
+
+
+def test_the_encoder_layers_attention_dropout_is_its_own(rng):
+    """keras-hub's layer drops its attention weights and sublayer outputs at one rate; ours
+    at two, either of which may be 0."""
+    x = rng.normal(size=(2, 5, 8)).astype("float32")
+    for dropout, attention_dropout in ((0.0, 0.5), (0.5, 0.0), (0.0, 0.0)):
+        layer = layers.TransformerEncoderLayer(
+            16, 2, dropout=dropout, attention_dropout=attention_dropout
+        )
+        unchanged = np.allclose(layer(x, training=True), layer(x), atol=1e-6)
+        assert unchanged == (dropout == attention_dropout == 0.0)
+        assert layer._self_attention_layer.dropout == attention_dropout
+        assert layer._feedforward_dropout.rate == layer.dropout == dropout
+    assert layers.TransformerEncoderLayer(16, 2, dropout=0.3).attention_dropout == 0.3
+
+
 def test_a_sentence_does_not_depend_on_its_batch(rng):
     model = make_transformer()
     x, _ = reversal_data(rng, 16, VOCAB)
