@@ -85,6 +85,12 @@ SCHEMA = {
         "source_vocab_size": _positive_int(8000),
         "target_vocab_size": _positive_int(8000),
         "subword_model": Field(str, "unigram", choices=("unigram", "bpe")),
+        # Subword regularisation (Kudo 2018): training pairs segmented anew at every pass, a
+        # unigram model drawing among the `subword_sampling_nbest` best segmentations (-1: all)
+        # with probabilities P^alpha, a BPE model dropping merges at rate alpha (BPE-dropout).
+        # null: always the best segmentation, as validation, test and exports always use.
+        "subword_sampling_alpha": _rate(None, nullable=True),
+        "subword_sampling_nbest": Field(int, 64, minimum=-1),
         # One SentencePiece model for both sides, trained on both (vocab/shared.model).
         "shared_vocabulary": Field(bool, False),
         "max_source_length": _positive_int(100),
@@ -405,6 +411,11 @@ def _check_consistency(config, where):
             f"{where}: data.shared_vocabulary needs data.source_vocab_size "
             f"({data['source_vocab_size']}) equal to data.target_vocab_size "
             f"({data['target_vocab_size']}): one vocabulary has one size"
+        )
+    if data["subword_sampling_nbest"] in (0, 1):
+        raise UserError(
+            f"{where}: data.subword_sampling_nbest must be -1 (all segmentations) or at least "
+            f"2, got {data['subword_sampling_nbest']}: fewer leaves nothing to sample from"
         )
     if model["share_embeddings"] and not data["shared_vocabulary"]:
         raise UserError(

@@ -5,6 +5,7 @@ exported SavedModel), by the `sentencepiece` package (a TensorFlow-free runtime)
 onnxruntime-extensions, so every consumer tokenises identically from the same file.
 """
 
+import copy
 import io
 import os
 from pathlib import Path
@@ -85,12 +86,32 @@ class Tokenizer:
         """`[batch]` strings -> ragged int32 ids `[batch, (tokens)]`, without <s> or </s>."""
         return self._tokenizer.tokenize(strings)
 
+    def sampling(self, alpha, nbest):
+        """This vocabulary segmenting each sentence at random, anew at every call (subword
+        regularisation): a unigram model draws among its `nbest` best segmentations (-1: all)
+        with probabilities P^alpha, a BPE model drops merges at rate `alpha`. Unseeded: the
+        TensorFlow op offers no seed."""
+        sampler = copy.copy(self)
+        sampler._tokenizer = tf_text.SentencepieceTokenizer(
+            model=self.model_proto, out_type=tf.int32, nbest_size=nbest, alpha=alpha
+        )
+        return sampler
+
     def detokenize(self, ids):
         """int32 ids `[batch, length]` (dense or ragged) -> `[batch]` strings.
 
         Special tokens decode to nothing, so padded or </s>-terminated rows are fine.
         """
         return self._tokenizer.detokenize(ids)
+
+
+def training_tokenizers(tokenizers, data_config):
+    """The (source, target) tokenizers that segment training pairs: `tokenizers`, or with
+    `data.subword_sampling_alpha` set, samplers of them (`Tokenizer.sampling`)."""
+    alpha = data_config["subword_sampling_alpha"]
+    if alpha is None:
+        return tokenizers
+    return tuple(t.sampling(alpha, data_config["subword_sampling_nbest"]) for t in tokenizers)
 
 
 SHARED_VOCABULARY = "shared.model"  # one vocabulary for both sides (data.shared_vocabulary)

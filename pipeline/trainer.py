@@ -36,7 +36,7 @@ from pipeline.errors import UserError, first_line
 from pipeline.evaluation import score_translations
 from pipeline.model_builder import build_model
 from pipeline.schedules import schedule_from_config
-from pipeline.tokenizer import prepare_tokenizers, vocabularies_to_build
+from pipeline.tokenizer import prepare_tokenizers, training_tokenizers, vocabularies_to_build
 from pipeline.translation import SearchOptions, Translator
 from pipeline.workdir import (
     CHECKPOINT_DIR,
@@ -251,8 +251,14 @@ def run(config, workdir, log=print, init_from=None):
     source_tokenizer, target_tokenizer = tokenizers
     log(f"Vocabularies: {source_tokenizer.vocab_size} source, {target_tokenizer.vocab_size} target")
     valid_data = _validation_data(config, corpora["valid"], tokenizers, log)
+    segmenters = training_tokenizers(tokenizers, data)
+    if segmenters is not tokenizers:
+        log(
+            f"Subword regularisation: training pairs segmented at random (alpha "
+            f"{data['subword_sampling_alpha']:g}, n-best {data['subword_sampling_nbest']})"
+        )
     steps_per_pass = estimate_steps_per_pass(  # also refuses data with nothing to train on
-        training_corpora, source_sample, target_sample, tokenizers, data,
+        training_corpora, source_sample, target_sample, segmenters, data,
         batching_options(config), replicas,
     )  # fmt: skip
     del source_sample, target_sample
@@ -320,7 +326,7 @@ def run(config, workdir, log=print, init_from=None):
         SearchOptions.from_config(config["decode"]),
         config["decode"]["batch_size"],
     )
-    stream = TrainingStream(config, training_corpora, tokenizers, strategy, positions, log)
+    stream = TrainingStream(config, training_corpora, segmenters, strategy, positions, log)
     callbacks = _callbacks(
         config, workdir, task, manager, completed_epochs, translator, float32_model, corpora,
         valid_data is not None, stream, started, log,

@@ -93,6 +93,10 @@ def test_paths_resolve_against_the_config_file(tmp_path):
             "data.train_corpora[1]: weight must be positive",
         ),
         (MINIMAL + "  vocab_sample_size: 0\n", "data.vocab_sample_size must be at least 1"),
+        (
+            MINIMAL + "  subword_sampling_nbest: 1\n",
+            "data.subword_sampling_nbest must be -1 (all segmentations) or at least 2, got 1",
+        ),
     ],
 )
 def test_bad_configs_name_the_key_and_the_file(tmp_path, text, message):

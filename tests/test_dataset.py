@@ -13,6 +13,7 @@ from pipeline.dataset import (
     StreamCounters,
     bucket_boundaries,
     encode_corpus,
+    estimate_steps_per_pass,
     make_dataset,
     make_training_stream,
     stream_training_examples,
@@ -25,6 +26,7 @@ from pipeline.tokenizer import (
     Tokenizer,
     prepare_tokenizers,
     train_sentencepiece,
+    training_tokenizers,
     vocabularies_to_build,
 )
 
@@ -60,6 +62,61 @@ def corpus():
 
 
 DATA = {"max_source_length": 60, "max_target_length": 60, "skip_bad_lines": False}
+
+
+def sentences(count, seed=2):
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, size=rng.integers(3, 10))) for _ in range(count)]
+
+
+@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
+def test_subword_sampling_varies_the_pieces_not_the_text(tmp_path, model_type):
+    path = tmp_path / "sp.model"
+    train_sentencepiece(sentences(800, seed=0), 80, model_type, path)
+    tokenizer = Tokenizer(path)
+    lines = tf.constant(sentences(200))
+    best = tokenizer.tokenize(lines).to_list()
+    sampler = tokenizer.sampling(0.2, -1)
+    draws = [sampler.tokenize(lines).to_list() for _ in range(2)]
+    assert tokenizer.tokenize(lines).to_list() == best  # the tokenizer itself still decides
+    for draw in draws:
+        # Every draw spells the same text; most sentences are cut differently.
+        np.testing.assert_array_equal(
+            sampler.detokenize(tf.ragged.constant(draw)).numpy(), lines.numpy()
+        )
+        assert np.mean([a != b for a, b in zip(draw, best)]) > 0.5
+    assert draws[0] != draws[1]  # anew at every call, that is every pass
+
+
+def test_unigram_sampling_draws_among_the_n_best(vocabulary):
+    tokenizer = Tokenizer(vocabulary)
+    lines = sentences(100)
+    nbest = [tokenizer.processor.nbest_encode_as_ids(line, 3) for line in lines]
+    draws = tokenizer.sampling(0.0, 3).tokenize(tf.constant(lines)).to_list()  # 0.0: uniform
+    assert all(draw in candidates for draw, candidates in zip(draws, nbest))
+    assert sum(draw != candidates[0] for draw, candidates in zip(draws, nbest)) > 30
+
+
+def test_sampled_training_segmentation_and_its_longer_epochs(tmp_path, vocabulary):
+    tokenizers = (Tokenizer(vocabulary), Tokenizer(vocabulary))
+    data = {**shard_config(tmp_path, [300]), "subword_sampling_alpha": None}
+    assert training_tokenizers(tokenizers, data) is tokenizers  # off by default
+    sampling = {**data, "subword_sampling_alpha": 0.1, "subword_sampling_nbest": -1}
+    samplers = training_tokenizers(tokenizers, sampling)
+    corpora, sources, targets = scan_training_corpora(data, 300, log=lambda _: None)
+    batching = {"batch_size": 8, "batch_tokens": 64, "bucket_width": 2, "max_length": 60}
+    plain, sampled = (
+        estimate_steps_per_pass(corpora, sources, targets, pair, data, batching, 1)
+        for pair in (tokenizers, samplers)
+    )
+    # Sampled segmentations are longer, so a pass over the same pairs takes more batches.
+    assert sampled > plain
+    # The stream cuts each pass anew and keeps the text of every pair.
+    stream, _ = stream_training_examples(
+        corpora, *samplers, sampling, StreamCounters(corpora, [0]), seed=1
+    )
+    numbers = numbers_of(stream, tokenizers[0], 600)
+    assert sorted(numbers) == sorted(2 * list(range(300)))
 
 
 def test_vocabulary_files_and_special_ids(tokenizer):

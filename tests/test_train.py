@@ -1,6 +1,7 @@
 """`python -m pipeline.train` on the smoke config: trains, checkpoints, resumes, evaluates."""
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -95,6 +96,16 @@ def test_checkpoints_from_before_the_epoch_length_was_kept_still_resume(
     history = train.main([*quick, "--set", "train.epochs=2"])
     assert "(step 2, 1 epochs done)" in capsys.readouterr().out
     assert len(history["loss"]) == 1
+
+
+def test_training_with_subword_sampling(tmp_path, capsys):
+    history = train.main(["--config", SMOKE, "--workdir", str(tmp_path), "--set", "train.epochs=1",
+                          "--set", "train.bleu_every_epochs=0", "--set", "data.test_source=null",
+                          "--set", "data.test_target=null",
+                          "--set", "data.subword_sampling_alpha=0.1"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "training pairs segmented at random (alpha 0.1, n-best 64)" in out
+    assert all(math.isfinite(loss) for loss in history["loss"])
 
 
 def test_a_work_directory_of_another_model_is_refused(trained, capsys):
