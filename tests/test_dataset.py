@@ -111,7 +111,7 @@ def test_sampled_training_segmentation_and_its_longer_epochs(tmp_path, vocabular
     )
     # Sampled segmentations are longer, so a pass over the same pairs takes more batches.
     assert sampled > plain
-    # The stream cuts each pass anew and keeps the text of every pair.
+    # Under sampling the stream still yields every pair once a pass, its text intact.
     stream, _ = stream_training_examples(
         corpora, *samplers, sampling, StreamCounters(corpora, [0]), seed=1
     )
