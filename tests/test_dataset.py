@@ -76,7 +76,7 @@ def test_subword_sampling_varies_the_pieces_not_the_text(tmp_path, model_type):
     tokenizer = Tokenizer(path)
     lines = tf.constant(sentences(200))
     best = tokenizer.tokenize(lines).to_list()
-    sampler = tokenizer.sampling(0.2, -1)
+    sampler = tokenizer.sampling(0.1, -1)  # 81% (unigram), 88% (BPE) cut anew; sd 0.02
     draws = [sampler.tokenize(lines).to_list() for _ in range(2)]
     assert tokenizer.tokenize(lines).to_list() == best  # the tokenizer itself still decides
     for draw in draws:
