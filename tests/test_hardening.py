@@ -417,16 +417,18 @@ def finish(workdir):
     return result.stdout
 
 
-def resume_then_signal(workdir, signum):
-    """Runs the training command again and sends `signum` after its first new checkpoint
-    inside an epoch; returns the output of the interrupted run and that checkpoint's step."""
+def resume_then_signal(workdir, signum, step_seconds):
+    """Runs the training command again and sends `signum` a few steps after its first new
+    checkpoint inside an epoch; returns the output of the interrupted run and that
+    checkpoint's step."""
     interrupted_at = max(checkpoint_steps(workdir))
     periodic = interrupted_at // 10 * 10 + 10
     if periodic % STEPS_PER_EPOCH == 0:  # a signal during validation would stop at this step
         periodic += 10
     process = start(train_command(workdir))
     wait_for_checkpoint(workdir, periodic, process)
-    time.sleep(0.5)
+    # Past that step's callbacks, and far from the run's end however fast the machine.
+    time.sleep(max(0.1, 3 * step_seconds))
     process.send_signal(signum)
     output, _ = process.communicate(timeout=120)
     assert f"Resuming from {workdir / 'checkpoints' / f'ckpt-{interrupted_at}'}" in output
@@ -440,15 +442,19 @@ def test_killed_interrupted_and_terminated_training_resumes_each_time(tmp_path):
     since the last checkpoint; SIGINT and SIGTERM save a checkpoint of the step they
     interrupt and exit; each rerun of the same command resumes, and the last one finishes."""
     process = start(train_command(tmp_path))
-    wait_for_checkpoint(tmp_path, 20, process)
-    time.sleep(np.random.default_rng().uniform(0.0, 1.5))
+    wait_for_checkpoint(tmp_path, 10, process)
+    began = time.monotonic()
+    wait_for_checkpoint(tmp_path, 30, process)
+    # Waits count steps, not seconds: a fast machine must not reach the end before the last run.
+    step_seconds = (time.monotonic() - began) / 20
+    time.sleep(np.random.default_rng().uniform(0.0, 10 * step_seconds))
     process.kill()
     process.wait()
     for signum in (signal.SIGINT, signal.SIGTERM):
-        output, periodic = resume_then_signal(tmp_path, signum)
+        output, periodic = resume_then_signal(tmp_path, signum, step_seconds)
         assert "Run the same command to resume" in output
         saved = max(checkpoint_steps(tmp_path))
-        assert saved > periodic  # a checkpoint of the step the signal interrupted
+        assert periodic < saved < 2 * STEPS_PER_EPOCH  # the step interrupted; steps remain
         assert f"ckpt-{saved}" in output
         assert not (tmp_path / "model.keras").exists()
     output = finish(tmp_path)
