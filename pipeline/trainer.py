@@ -253,10 +253,13 @@ def run(config, workdir, log=print, init_from=None):
     valid_data = _validation_data(config, corpora["valid"], tokenizers, log)
     segmenters = training_tokenizers(tokenizers, data)
     if segmenters is not tokenizers:
-        log(
-            f"Subword regularisation: training pairs segmented at random (alpha "
-            f"{data['subword_sampling_alpha']:g}, n-best {data['subword_sampling_nbest']})"
+        alpha = data["subword_sampling_alpha"]
+        how = (
+            f"BPE-dropout, merges dropped at rate {alpha:g}"
+            if data["subword_model"] == "bpe"
+            else f"alpha {alpha:g}, n-best {data['subword_sampling_nbest']}"
         )
+        log(f"Subword regularisation: training pairs segmented at random ({how})")
     steps_per_pass = estimate_steps_per_pass(  # also refuses data with nothing to train on
         training_corpora, source_sample, target_sample, segmenters, data,
         batching_options(config), replicas,

@@ -98,13 +98,18 @@ def test_checkpoints_from_before_the_epoch_length_was_kept_still_resume(
     assert len(history["loss"]) == 1
 
 
-def test_training_with_subword_sampling(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "subword_model, how",
+    [("unigram", "(alpha 0.1, n-best 64)"), ("bpe", "(BPE-dropout, merges dropped at rate 0.1)")],
+)
+def test_training_with_subword_sampling(tmp_path, capsys, subword_model, how):
     history = train.main(["--config", SMOKE, "--workdir", str(tmp_path), "--set", "train.epochs=1",
                           "--set", "train.bleu_every_epochs=0", "--set", "data.test_source=null",
                           "--set", "data.test_target=null",
+                          "--set", f"data.subword_model={subword_model}",
                           "--set", "data.subword_sampling_alpha=0.1"])  # fmt: skip
     out = capsys.readouterr().out
-    assert "training pairs segmented at random (alpha 0.1, n-best 64)" in out
+    assert f"training pairs segmented at random {how}" in out
     assert all(math.isfinite(loss) for loss in history["loss"])
 
 
