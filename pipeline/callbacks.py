@@ -179,6 +179,76 @@ class CheckpointEveryNSteps(keras.callbacks.Callback):
         self.save()
 
 
+class TimeBudget(keras.callbacks.Callback):
+    """Ends training within `hours` of training time, counted across resumes.
+
+    At each epoch end, when one more epoch and then the cool-down (`cooldown_epochs` of the
+    epochs measured so far) would not fit what is left, the cool-down begins at once and
+    training stops at its end; without a cool-down, training stops there. `variables`, kept in
+    the checkpoint: "seconds", the time used (brought up to date by `record`, before each
+    save), and "last_epoch", the last epoch once decided (0 before), which a resumed run keeps.
+    """
+
+    def __init__(self, hours, variables, epochs, cooldown_epochs, steps_per_epoch, schedule,
+                 log=print):  # fmt: skip
+        super().__init__()
+        self.budget = hours * 3600.0
+        self.epochs = epochs  # the most, and where the configured cool-down ends
+        self.cooldown_epochs = cooldown_epochs
+        self.steps_per_epoch = steps_per_epoch
+        self.schedule = schedule
+        self.log = log
+        self.seconds, self.last_epoch = variables["seconds"], variables["last_epoch"]
+        self._recorded = None
+        self._epoch_seconds = []
+
+    def record(self):
+        """Adds the time since the last call to the seconds used."""
+        now = time.perf_counter()
+        if self._recorded is not None:
+            self.seconds.assign_add(now - self._recorded)
+        self._recorded = now
+
+    def on_train_begin(self, logs=None):
+        self._recorded = self._epoch_began = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.record()
+        if self.params.get("steps") == self.steps_per_epoch:  # not the rest of a resumed one
+            self._epoch_seconds.append(self._recorded - self._epoch_began)
+        self._epoch_began = self._recorded
+        last = int(self.last_epoch.numpy())
+        if not last:
+            last = self._decide(epoch + 1)
+        if last and epoch + 1 >= last:
+            self.model.stop_training = True
+
+    def _decide(self, done):
+        """The last epoch, if what is left of the budget calls for ending now (else 0)."""
+        if not self._epoch_seconds or done + self.cooldown_epochs >= self.epochs:
+            return 0  # nothing measured yet, or the configured cool-down is (about to be) under way
+        per_epoch = sum(self._epoch_seconds) / len(self._epoch_seconds)
+        left = self.budget - float(self.seconds.numpy())
+        if left >= (self.cooldown_epochs + 1) * per_epoch:
+            return 0
+        last = done + self.cooldown_epochs
+        self.last_epoch.assign(last)
+        used = f"{float(self.seconds.numpy()) / 3600:.2f} of {self.budget / 3600:g} h used"
+        if not self.cooldown_epochs:
+            self.log(f"Time budget: {used}, {per_epoch:.0f} s an epoch: training stops here")
+            return last
+        end_step = last * self.steps_per_epoch
+        cooldown_steps = self.cooldown_epochs * self.steps_per_epoch
+        self.schedule.set_cooldown(cooldown_steps, end_step)
+        self.log(
+            f"Time budget: {used}, {per_epoch:.0f} s an epoch: the learning rate cools down to 0 "
+            f"over steps {end_step - cooldown_steps + 1:,}-{end_step:,} "
+            f"({f'epochs {done + 1}-{last}' if last > done + 1 else f'epoch {last}'}), "
+            "then training stops"
+        )
+        return last
+
+
 class StopOnNonFiniteLoss(keras.callbacks.Callback):
     """Stops training with `TrainingDiverged` as soon as the loss is NaN or infinite.
 

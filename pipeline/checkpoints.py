@@ -90,24 +90,29 @@ def make_optimizer(train, schedule=None):
 
 
 EPOCH_STEPS = "epoch_steps"  # the training checkpoint's name for the run's epoch length
+TIME_BUDGET = "time_budget"  # ... and for a time budget's state (`callbacks.TimeBudget`)
 
 
-def holds_epoch_length(checkpoint_path):
-    """Whether a training checkpoint keeps its run's epoch length (`EPOCH_STEPS`): those from
-    before it did resume without it. A damaged one says True: restoring it reports the damage."""
+def holds_entry(checkpoint_path, name):
+    """Whether a training checkpoint holds the optional entry `name` (`EPOCH_STEPS`,
+    `TIME_BUDGET`): those from before it existed, or from runs without it, resume without.
+    A damaged one says True: restoring it reports the damage."""
     try:
-        return tf.train.load_checkpoint(checkpoint_path).has_tensor(
-            f"{EPOCH_STEPS}/.ATTRIBUTES/VARIABLE_VALUE"
-        )
+        keys = tf.train.load_checkpoint(checkpoint_path).get_variable_to_shape_map()
     except Exception:  # the checkpoint reader raises many types for a damaged file
         return True
+    return any(key.startswith(f"{name}/") for key in keys)
 
 
-def training_checkpoint(model, optimizer, completed_epochs, stream_positions=(), epoch_steps=None):
+def training_checkpoint(
+    model, optimizer, completed_epochs, stream_positions=(), epoch_steps=None, time_budget=None
+):
     """The `tf.train.Checkpoint` that training saves and resumes from: with the training
-    stream's position in each corpus (`stream_positions`) and the run's steps per epoch
-    (`epoch_steps`), when given."""
+    stream's position in each corpus (`stream_positions`), the run's steps per epoch
+    (`epoch_steps`) and its time budget's variables (`time_budget`, a dict), when given."""
     extra = {} if epoch_steps is None else {EPOCH_STEPS: epoch_steps}
+    if time_budget is not None:
+        extra[TIME_BUDGET] = tf.train.Checkpoint(**time_budget)
     checkpoint = tf.train.Checkpoint(
         model=model,
         optimizer=optimizer,

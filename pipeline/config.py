@@ -163,6 +163,10 @@ SCHEMA = {
         "decay_rate": Field(float, 0.5, minimum=0.0, maximum=1.0),
         # The last N epochs take the learning rate linearly down to 0 (0: no cool-down).
         "cooldown_epochs": Field(int, 0, minimum=0),
+        # Training time (hours, counted across resumes) the run must end within: at each epoch
+        # end, when one more epoch and the cool-down would not fit, the cool-down begins (or,
+        # without one, training stops); train.epochs stays the most (null: no budget).
+        "time_budget_hours": Field(float, None, minimum=0.0, nullable=True),
         # Adam's decay of its squared-gradient average; Transformer recipes commonly use 0.98.
         "adam_beta2": Field(float, 0.999, minimum=0.0, maximum=0.9999),
         "clip_norm": Field(float, 5.0, minimum=0.0, nullable=True),
@@ -379,6 +383,14 @@ def _check_consistency(config, where):
     if all(given):
         raise UserError(
             f"{where}: data.train_corpora replaces data.train_source/target/tsv; give one of them"
+        )
+    budget = train["time_budget_hours"]
+    if budget is not None and budget <= 0:
+        raise UserError(f"{where}: train.time_budget_hours must be above 0 (null: no budget)")
+    if budget is not None and config["distribute"]["strategy"] == "multi_worker":
+        raise UserError(
+            f"{where}: train.time_budget_hours needs a single-process strategy: workers would "
+            "each measure their own time and could end at different epochs"
         )
     if model["type"] == "transformer":
         _check_transformer(config, where)

@@ -1,6 +1,7 @@
 """Learning-rate schedules with an optional linear warm-up and linear cool-down."""
 
 import keras
+import tensorflow as tf
 from keras import ops
 
 from pipeline.config import SCHEDULE_KINDS as KINDS
@@ -17,8 +18,9 @@ class LearningRateSchedule(keras.optimizers.schedules.LearningRateSchedule):
     cooldown falls linearly from 1 to 0 over the last `cooldown_steps` before `end_step`, the
     run's last step (none if 0): the annealing that a run of fixed length ends with
     (Hägele et al., 2024, "warmup-stable-decay"). Both are counted in steps, which the trainer
-    knows only once it knows the run's epoch length: `set_cooldown` sets them after
-    construction, before the first step.
+    knows only once it knows the run's epoch length, or, under a time budget, once the run
+    has measured its epochs: `set_cooldown` sets them after construction, in variables that a
+    traced training step reads, so that it may also change them between steps.
     """
 
     def __init__(
@@ -27,13 +29,23 @@ class LearningRateSchedule(keras.optimizers.schedules.LearningRateSchedule):
     ):  # fmt: skip
         if kind not in KINDS:
             raise ValueError(f"learning-rate schedule must be one of {KINDS}, got {kind!r}")
+        if cooldown_steps and end_step is None:
+            raise ValueError("a cool-down needs the run's last step: give end_step")
         self.kind = kind
         self.learning_rate = float(learning_rate)
         self.warmup_steps = int(warmup_steps)
         self.decay_steps = int(decay_steps)
         self.decay_rate = float(decay_rate)
-        self.cooldown_steps = int(cooldown_steps)
-        self.end_step = end_step
+        self._cooldown_steps = tf.Variable(float(cooldown_steps), trainable=False)
+        self._end_step = tf.Variable(float(end_step or 0), trainable=False)
+
+    @property
+    def cooldown_steps(self):
+        return int(self._cooldown_steps.numpy())
+
+    @property
+    def end_step(self):
+        return int(self._end_step.numpy()) if self.cooldown_steps else None
 
     def __call__(self, step):
         step = ops.cast(step, "float32") + 1.0
@@ -43,16 +55,14 @@ class LearningRateSchedule(keras.optimizers.schedules.LearningRateSchedule):
             factor = factor * ops.sqrt(warmup / ops.maximum(step, warmup))
         elif self.kind == "exponential":
             factor = factor * ops.power(self.decay_rate, (step - 1.0) / self.decay_steps)
-        if self.cooldown_steps:
-            if self.end_step is None:
-                raise ValueError("a cool-down needs the run's last step: set end_step first")
-            left = (float(self.end_step) - step + 1.0) / self.cooldown_steps
-            factor = factor * ops.clip(left, 0.0, 1.0)
+        cooldown = ops.convert_to_tensor(self._cooldown_steps)
+        left = (ops.convert_to_tensor(self._end_step) - step + 1.0) / ops.maximum(cooldown, 1.0)
+        factor = factor * ops.where(cooldown > 0.0, ops.clip(left, 0.0, 1.0), 1.0)
         return self.learning_rate * factor
 
     def set_cooldown(self, cooldown_steps, end_step):
-        self.cooldown_steps = int(cooldown_steps)
-        self.end_step = int(end_step)
+        self._cooldown_steps.assign(float(cooldown_steps))
+        self._end_step.assign(float(end_step))
 
     def get_config(self):
         return {

@@ -14,8 +14,10 @@ import tensorflow as tf
 from pipeline import callbacks as training_callbacks
 from pipeline.atomic_files import write_text_atomically
 from pipeline.checkpoints import (
+    EPOCH_STEPS,
+    TIME_BUDGET,
     average_checkpoints,
-    holds_epoch_length,
+    holds_entry,
     make_optimizer,
     training_checkpoint,
 )
@@ -144,15 +146,22 @@ def _remaining_work(steps_per_epoch, epochs, completed_epochs, step, log):
 
 
 def _callbacks(config, workdir, task, manager, completed_epochs, translator, float32_model,
-               corpora, has_valid, stream, started, log):  # fmt: skip
+               corpora, has_valid, stream, budget, started, log):  # fmt: skip
     train = config["train"]
+
+    def before_save():
+        stream.record()
+        if budget:
+            budget.record()
+
     checkpointer = training_callbacks.CheckpointEveryNSteps(
-        manager, completed_epochs, train["checkpoint_every_steps"], before_save=stream.record
+        manager, completed_epochs, train["checkpoint_every_steps"], before_save=before_save
     )
     callbacks = [
         training_callbacks.FirstStepTime(started, log),
         training_callbacks.StopOnNonFiniteLoss(manager),  # before any checkpoint of the step
         training_callbacks.TargetTokensPerSecond(),
+        *([budget] if budget else []),  # before the checkpoint that keeps its decision
         checkpointer,
         training_callbacks.ReportAtTrainingEnd(lambda: stream.counters.summary(), log),
     ]
@@ -279,8 +288,22 @@ def run(config, workdir, log=print, init_from=None):
         epoch_steps = tf.Variable(0, dtype=tf.int64, trainable=False)  # 0: not begun
         positions = [tf.Variable(0, dtype=tf.int64, trainable=False) for _ in training_corpora]
         latest = tf.train.latest_checkpoint(str(output / CHECKPOINT_DIR))
-        kept_length = epoch_steps if latest is None or holds_epoch_length(latest) else None
-        checkpoint = training_checkpoint(model, optimizer, completed_epochs, positions, kept_length)
+        kept_length = epoch_steps if latest is None or holds_entry(latest, EPOCH_STEPS) else None
+        budget_state = None
+        if train["time_budget_hours"] is not None:
+            if latest is not None and not holds_entry(latest, TIME_BUDGET):
+                raise UserError(
+                    f"{latest}: this run began without train.time_budget_hours, so its "
+                    "checkpoints hold no training time; resume it without one, or start a new "
+                    "work directory"
+                )
+            budget_state = {
+                "seconds": tf.Variable(0.0, dtype=tf.float64, trainable=False),  # time used
+                "last_epoch": tf.Variable(0, dtype=tf.int64, trainable=False),  # 0: undecided
+            }
+        checkpoint = training_checkpoint(
+            model, optimizer, completed_epochs, positions, kept_length, budget_state
+        )
         manager = tf.train.CheckpointManager(
             checkpoint, str(output / CHECKPOINT_DIR), max_to_keep=train["keep_checkpoints"]
         )
@@ -306,14 +329,29 @@ def run(config, workdir, log=print, init_from=None):
     else:
         origin = " (about one pass over the training data)"
     log(f"Epochs of {steps_per_epoch:,} steps{origin}")
-    if train["cooldown_epochs"]:
-        end_step = train["epochs"] * steps_per_epoch
-        cooldown_steps = min(train["cooldown_epochs"], train["epochs"]) * steps_per_epoch
+    # A time budget may have ended the run sooner than train.epochs, its cool-down with it.
+    epochs = int(budget_state["last_epoch"].numpy()) if budget_state else 0
+    epochs = epochs or train["epochs"]
+    cooldown_epochs = min(train["cooldown_epochs"], train["epochs"])
+    if cooldown_epochs:
+        end_step = epochs * steps_per_epoch
+        cooldown_steps = cooldown_epochs * steps_per_epoch
         schedule.set_cooldown(cooldown_steps, end_step)
         log(
             f"Learning rate cools down linearly to 0 over steps "
             f"{end_step - cooldown_steps + 1:,}-{end_step:,} (train.cooldown_epochs: "
-            f"{cooldown_steps // steps_per_epoch})"
+            f"{cooldown_epochs})"
+        )
+    budget = None
+    if budget_state:
+        budget = training_callbacks.TimeBudget(
+            train["time_budget_hours"], budget_state, train["epochs"], cooldown_epochs,
+            steps_per_epoch, schedule, log,
+        )  # fmt: skip
+        used = float(budget_state["seconds"].numpy()) / 3600
+        log(
+            f"Time budget: {train['time_budget_hours']:g} h of training ({used:.2f} h used)"
+            + (f"; the run ends after epoch {epochs}" if epochs < train["epochs"] else "")
         )
     log(f"Model: {model.count_params():,} parameters")
     step = int(optimizer.iterations.numpy())
@@ -332,14 +370,14 @@ def run(config, workdir, log=print, init_from=None):
     stream = TrainingStream(config, training_corpora, segmenters, strategy, positions, log)
     callbacks = _callbacks(
         config, workdir, task, manager, completed_epochs, translator, float32_model, corpora,
-        valid_data is not None, stream, started, log,
+        valid_data is not None, stream, budget, started, log,
     )  # fmt: skip
 
     start = time.perf_counter()
     history = {}
     try:
         for first_epoch, end_epoch, steps in _remaining_work(
-            steps_per_epoch, train["epochs"], int(completed_epochs.numpy()),
+            steps_per_epoch, epochs, int(completed_epochs.numpy()),
             int(optimizer.iterations.numpy()), log,
         ):  # fmt: skip
             fitted = model.fit(
@@ -354,6 +392,8 @@ def run(config, workdir, log=print, init_from=None):
             ).history
             for key, values in fitted.items():
                 history.setdefault(key, []).extend(values)
+            if model.stop_training:  # early stopping or the time budget: no further fit
+                break
     except (tf.errors.UnavailableError, tf.errors.AbortedError) as error:
         if config["distribute"]["strategy"] != "multi_worker":
             raise

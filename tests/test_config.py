@@ -97,6 +97,11 @@ def test_paths_resolve_against_the_config_file(tmp_path):
             MINIMAL + "  subword_sampling_nbest: 1\n",
             "data.subword_sampling_nbest must be -1 (all segmentations) or at least 2, got 1",
         ),
+        (MINIMAL + "train:\n  time_budget_hours: 0\n", "train.time_budget_hours must be above 0"),
+        (
+            MINIMAL + "train:\n  time_budget_hours: 2\ndistribute:\n  strategy: multi_worker\n",
+            "train.time_budget_hours needs a single-process strategy",
+        ),
     ],
 )
 def test_bad_configs_name_the_key_and_the_file(tmp_path, text, message):

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from pipeline.schedules import LearningRateSchedule
 
@@ -47,3 +48,12 @@ def test_the_schedule_serialises_with_its_cooldown():
     copy = LearningRateSchedule.from_config(schedule.get_config())
     steps = [0, 4, 30, 60, 75, 89]
     np.testing.assert_allclose(rates(copy, steps), rates(schedule, steps))
+
+
+def test_a_traced_step_sees_a_cooldown_set_after_tracing():
+    """A time budget decides the cool-down mid-run, after the training step was traced."""
+    schedule = LearningRateSchedule("constant", 0.001)
+    rate = tf.function(schedule.__call__)
+    assert float(rate(tf.constant(80))) == pytest.approx(1e-3)
+    schedule.set_cooldown(cooldown_steps=50, end_step=100)
+    assert float(rate(tf.constant(80))) == pytest.approx(1e-3 * 20 / 50)

@@ -13,7 +13,7 @@ import tensorflow as tf
 import yaml
 
 from pipeline import train, trainer
-from pipeline.checkpoints import holds_epoch_length
+from pipeline.checkpoints import EPOCH_STEPS, TIME_BUDGET, holds_entry
 from pipeline.config import PROJECT_ROOT, load_config
 from pipeline.trainer import PROFILE_AFTER
 
@@ -91,7 +91,7 @@ def test_checkpoints_from_before_the_epoch_length_was_kept_still_resume(
     with monkeypatch.context() as patch:  # the checkpoints as written before
         patch.setattr(trainer, "training_checkpoint", lambda *args: keeping(*args[:4]))
         train.main([*quick, "--set", "train.epochs=1"])
-    assert not holds_epoch_length(tf.train.latest_checkpoint(str(tmp_path / "checkpoints")))
+    assert not holds_entry(tf.train.latest_checkpoint(str(tmp_path / "checkpoints")), EPOCH_STEPS)
     capsys.readouterr()
     history = train.main([*quick, "--set", "train.epochs=2"])
     assert "(step 2, 1 epochs done)" in capsys.readouterr().out
@@ -111,6 +111,45 @@ def test_training_with_subword_sampling(tmp_path, capsys, subword_model, how):
     out = capsys.readouterr().out
     assert f"training pairs segmented at random {how}" in out
     assert all(math.isfinite(loss) for loss in history["loss"])
+
+
+def test_a_time_budget_begins_the_cooldown_early_and_the_run_keeps_its_end(tmp_path, capsys):
+    """A budget shorter than an epoch: after epoch 1 the one-epoch cool-down begins and
+    training stops after epoch 2 of 5; the same command again keeps that end."""
+    command = ["--config", SMOKE, "--workdir", str(tmp_path), "--set", "train.epochs=5",
+               "--set", "train.cooldown_epochs=1", "--set", "train.time_budget_hours=0.000001",
+               "--set", "train.bleu_every_epochs=0", "--set", "data.test_source=null",
+               "--set", "data.test_target=null"]  # fmt: skip
+    history = train.main(command)
+    out = capsys.readouterr().out
+    assert "Learning rate cools down linearly to 0 over steps 17-20" in out  # as configured
+    assert "the learning rate cools down to 0 over steps 5-8 (epoch 2), then training stops" in out
+    assert len(history["loss"]) == 2
+    checkpoint = tf.train.latest_checkpoint(str(tmp_path / "checkpoints"))
+    assert checkpoint.endswith("ckpt-8") and holds_entry(checkpoint, TIME_BUDGET)
+    assert train.main(command) == {}
+    out = capsys.readouterr().out
+    assert "Learning rate cools down linearly to 0 over steps 5-8" in out
+    assert "the run ends after epoch 2" in out
+
+
+def test_without_a_cooldown_a_time_budget_stops_at_an_epoch_end(tmp_path, capsys):
+    command = ["--config", SMOKE, "--workdir", str(tmp_path), "--set", "train.epochs=3",
+               "--set", "train.time_budget_hours=0.000001", "--set", "train.bleu_every_epochs=0",
+               "--set", "data.test_source=null", "--set", "data.test_target=null"]  # fmt: skip
+    assert len(train.main(command)["loss"]) == 1
+    assert "Time budget: 0.00 of 1e-06 h used" in capsys.readouterr().out
+
+
+def test_a_budget_added_to_a_run_begun_without_one_is_refused(tmp_path, capsys):
+    command = ["--config", SMOKE, "--workdir", str(tmp_path), "--set", "train.epochs=1",
+               "--set", "train.bleu_every_epochs=0", "--set", "data.test_source=null",
+               "--set", "data.test_target=null"]  # fmt: skip
+    train.main(command)
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        train.main([*command, "--set", "train.epochs=2", "--set", "train.time_budget_hours=1"])
+    assert "this run began without train.time_budget_hours" in capsys.readouterr().err
 
 
 def test_a_work_directory_of_another_model_is_refused(trained, capsys):
