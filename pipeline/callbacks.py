@@ -182,8 +182,8 @@ class CheckpointEveryNSteps(keras.callbacks.Callback):
 class TimeBudget(keras.callbacks.Callback):
     """Ends training within `hours` of training time, counted across resumes.
 
-    At each epoch end, when one more epoch and then the cool-down (`cooldown_epochs` of the
-    epochs measured so far) would not fit what is left, the cool-down begins at once and
+    At each epoch end, when one more epoch and then the cool-down (`cooldown_epochs`), at the
+    mean epoch time measured so far, would not fit what is left, the cool-down begins at once and
     training stops at its end; without a cool-down, training stops there. `variables`, kept in
     the checkpoint: "seconds", the time used (brought up to date by `record`, before each
     save), and "last_epoch", the last epoch once decided (0 before), which a resumed run keeps.
@@ -199,14 +199,12 @@ class TimeBudget(keras.callbacks.Callback):
         self.schedule = schedule
         self.log = log
         self.seconds, self.last_epoch = variables["seconds"], variables["last_epoch"]
-        self._recorded = None
         self._epoch_seconds = []
 
     def record(self):
-        """Adds the time since the last call to the seconds used."""
+        """Adds the time since the last call (or the fit's start) to the seconds used."""
         now = time.perf_counter()
-        if self._recorded is not None:
-            self.seconds.assign_add(now - self._recorded)
+        self.seconds.assign_add(now - self._recorded)
         self._recorded = now
 
     def on_train_begin(self, logs=None):
@@ -237,14 +235,11 @@ class TimeBudget(keras.callbacks.Callback):
         if not self.cooldown_epochs:
             self.log(f"Time budget: {used}, {per_epoch:.0f} s an epoch: training stops here")
             return last
-        end_step = last * self.steps_per_epoch
-        cooldown_steps = self.cooldown_epochs * self.steps_per_epoch
-        self.schedule.set_cooldown(cooldown_steps, end_step)
+        steps = self.schedule.cool_down_epochs(self.cooldown_epochs, last, self.steps_per_epoch)
         self.log(
             f"Time budget: {used}, {per_epoch:.0f} s an epoch: the learning rate cools down to 0 "
-            f"over steps {end_step - cooldown_steps + 1:,}-{end_step:,} "
-            f"({f'epochs {done + 1}-{last}' if last > done + 1 else f'epoch {last}'}), "
-            "then training stops"
+            f"over {steps} ({f'epochs {done + 1}-{last}' if last > done + 1 else f'epoch {last}'}"
+            "), then training stops"
         )
         return last
 

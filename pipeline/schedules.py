@@ -64,6 +64,14 @@ class LearningRateSchedule(keras.optimizers.schedules.LearningRateSchedule):
         self._cooldown_steps.assign(float(cooldown_steps))
         self._end_step.assign(float(end_step))
 
+    def cool_down_epochs(self, cooldown_epochs, last_epoch, steps_per_epoch):
+        """`set_cooldown` over the last `cooldown_epochs` epochs up to the end of `last_epoch`;
+        returns those steps, for the log ("steps 7,861-10,480")."""
+        end_step = last_epoch * steps_per_epoch
+        cooldown_steps = cooldown_epochs * steps_per_epoch
+        self.set_cooldown(cooldown_steps, end_step)
+        return f"steps {end_step - cooldown_steps + 1:,}-{end_step:,}"
+
     def get_config(self):
         return {
             "kind": self.kind,

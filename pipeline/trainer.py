@@ -334,12 +334,9 @@ def run(config, workdir, log=print, init_from=None):
     epochs = epochs or train["epochs"]
     cooldown_epochs = min(train["cooldown_epochs"], train["epochs"])
     if cooldown_epochs:
-        end_step = epochs * steps_per_epoch
-        cooldown_steps = cooldown_epochs * steps_per_epoch
-        schedule.set_cooldown(cooldown_steps, end_step)
+        steps = schedule.cool_down_epochs(cooldown_epochs, epochs, steps_per_epoch)
         log(
-            f"Learning rate cools down linearly to 0 over steps "
-            f"{end_step - cooldown_steps + 1:,}-{end_step:,} (train.cooldown_epochs: "
+            f"Learning rate cools down linearly to 0 over {steps} (train.cooldown_epochs: "
             f"{cooldown_epochs})"
         )
     budget = None
