@@ -244,6 +244,59 @@ class TimeBudget(keras.callbacks.Callback):
         return last
 
 
+class EarlyStoppingState(tf.Module):
+    """What `EarlyStopping` keeps in the checkpoint, so that a resumed run stops where an
+    uninterrupted one would: the lowest validation loss so far (`best`), the epochs since
+    (`wait`), the epoch that reached it (`best_epoch`, 0 before any) and copies of `model`'s
+    weights at that epoch (`copies`)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.best = tf.Variable(math.inf, dtype=tf.float64, trainable=False)
+        self.wait = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.best_epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.copies = [tf.Variable(tf.zeros_like(w), trainable=False) for w in model.weights]
+
+
+class EarlyStopping(keras.callbacks.Callback):
+    """Stops training once the validation loss has not fallen for `patience` epochs; its
+    `state` is an `EarlyStoppingState`."""
+
+    def __init__(self, patience, state, log=print):
+        super().__init__()
+        self.patience = patience
+        self.state = state
+        self.log = log
+
+    def on_epoch_end(self, epoch, logs=None):
+        loss = (logs or {}).get("val_loss")
+        if loss is None:
+            return
+        state = self.state
+        if loss < float(state.best.numpy()):
+            state.best.assign(loss)
+            state.best_epoch.assign(epoch + 1)
+            state.wait.assign(0)
+            for copy, weight in zip(state.copies, self.model.weights, strict=True):
+                copy.assign(weight)
+            return
+        state.wait.assign_add(1)
+        if int(state.wait.numpy()) >= self.patience:
+            self.model.stop_training = True
+            best, best_epoch = float(state.best.numpy()), int(state.best_epoch.numpy())
+            self.log(
+                f"Early stopping: the validation loss has not fallen for {self.patience} epochs "
+                f"(best {best:.3f}, after epoch {best_epoch})"
+            )
+
+    def restore_best(self, model):
+        """Gives `model` the best epoch's weights; returns that epoch (0: none yet)."""
+        best_epoch = int(self.state.best_epoch.numpy())
+        if best_epoch:
+            model.set_weights([copy.numpy() for copy in self.state.copies])
+        return best_epoch
+
+
 class StopOnNonFiniteLoss(keras.callbacks.Callback):
     """Stops training with `TrainingDiverged` as soon as the loss is NaN or infinite.
 

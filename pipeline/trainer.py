@@ -14,6 +14,7 @@ import tensorflow as tf
 from pipeline import callbacks as training_callbacks
 from pipeline.atomic_files import write_text_atomically
 from pipeline.checkpoints import (
+    EARLY_STOPPING,
     EPOCH_STEPS,
     TIME_BUDGET,
     average_checkpoints,
@@ -146,7 +147,7 @@ def _remaining_work(steps_per_epoch, epochs, completed_epochs, step, log):
 
 
 def _callbacks(config, workdir, task, manager, completed_epochs, translator, float32_model,
-               corpora, has_valid, stream, budget, started, log):  # fmt: skip
+               corpora, has_valid, stream, budget, early_stopping, started, log):  # fmt: skip
     train = config["train"]
 
     def before_save():
@@ -161,7 +162,8 @@ def _callbacks(config, workdir, task, manager, completed_epochs, translator, flo
         training_callbacks.FirstStepTime(started, log),
         training_callbacks.StopOnNonFiniteLoss(manager),  # before any checkpoint of the step
         training_callbacks.TargetTokensPerSecond(),
-        *([budget] if budget else []),  # before the checkpoint that keeps its decision
+        # Before the checkpoint that keeps their decisions:
+        *[callback for callback in (budget, early_stopping) if callback],
         checkpointer,
         training_callbacks.ReportAtTrainingEnd(lambda: stream.counters.summary(), log),
     ]
@@ -184,17 +186,11 @@ def _callbacks(config, workdir, task, manager, completed_epochs, translator, flo
             )
         )  # fmt: skip
     callbacks.append(training_callbacks.EpochProgress(train["epochs"], log))  # after BLEU
-    if train["early_stopping_patience"] and has_valid:
-        callbacks.append(
-            keras.callbacks.EarlyStopping(
-                patience=train["early_stopping_patience"], restore_best_weights=True, verbose=1
-            )
-        )
     if task.is_chief:
         profiled = train["profile_steps"]
         steps = (PROFILE_AFTER + 1, PROFILE_AFTER + profiled) if profiled else 0
         callbacks.append(keras.callbacks.TensorBoard(str(workdir / LOG_DIR), profile_batch=steps))
-    # Last: on a signal, the other callbacks' train-end work (best weights) happens first.
+    # Last: on a signal, the other callbacks' train-end work (the stream's report) happens first.
     callbacks.append(training_callbacks.StopOnSignal(checkpointer, log))
     return callbacks
 
@@ -301,9 +297,16 @@ def run(config, workdir, log=print, init_from=None):
                 "seconds": tf.Variable(0.0, dtype=tf.float64, trainable=False),  # time used
                 "last_epoch": tf.Variable(0, dtype=tf.int64, trainable=False),  # 0: undecided
             }
+        stopping_state = None
+        if train["early_stopping_patience"] and valid_data is not None:
+            stopping_state = training_callbacks.EarlyStoppingState(model)
+        kept_stopping = None
+        if latest is None or holds_entry(latest, EARLY_STOPPING):
+            kept_stopping = stopping_state  # a run begun without it counts from here
         checkpoint = training_checkpoint(
-            model, optimizer, completed_epochs, positions, kept_length, budget_state
-        )
+            model, optimizer, completed_epochs, positions, kept_length, budget_state,
+            kept_stopping,
+        )  # fmt: skip
         manager = tf.train.CheckpointManager(
             checkpoint, str(output / CHECKPOINT_DIR), max_to_keep=train["keep_checkpoints"]
         )
@@ -313,7 +316,8 @@ def run(config, workdir, log=print, init_from=None):
             _initialise_from(model, init_from, log)
         take_chiefs_state(
             strategy,
-            [*model.weights, *optimizer.variables, completed_epochs, epoch_steps, *positions],
+            [*model.weights, *optimizer.variables, completed_epochs, epoch_steps, *positions,
+             *(stopping_state.variables if stopping_state else ())],
             task.is_chief,
         )  # fmt: skip
     # A resumed run keeps the epoch length it began with: the estimate's sample differs when
@@ -365,9 +369,14 @@ def run(config, workdir, log=print, init_from=None):
         config["decode"]["batch_size"],
     )
     stream = TrainingStream(config, training_corpora, segmenters, strategy, positions, log)
+    early_stopping = None
+    if stopping_state:
+        early_stopping = training_callbacks.EarlyStopping(
+            train["early_stopping_patience"], stopping_state, log
+        )
     callbacks = _callbacks(
         config, workdir, task, manager, completed_epochs, translator, float32_model, corpora,
-        valid_data is not None, stream, budget, started, log,
+        valid_data is not None, stream, budget, early_stopping, started, log,
     )  # fmt: skip
 
     start = time.perf_counter()
@@ -412,6 +421,10 @@ def run(config, workdir, log=print, init_from=None):
         average_checkpoints(model, train, paths)
         names = ", ".join(os.path.basename(path) for path in paths)
         log(f"Weights: the mean of the last {len(paths)} checkpoints ({names})")
+    elif history and early_stopping:
+        best_epoch = early_stopping.restore_best(model)
+        if best_epoch and best_epoch < int(completed_epochs.numpy()):
+            log(f"Weights: the best epoch's, epoch {best_epoch} (lowest validation loss)")
     float32_model.set_weights(model.get_weights())
     # With nothing left to train, keep the saved model: it may hold early stopping's best weights.
     if history or not (workdir / MODEL_FILE).exists():

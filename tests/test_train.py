@@ -8,12 +8,14 @@ import subprocess
 import sys
 from collections import Counter
 
+import keras
 import pytest
 import tensorflow as tf
 import yaml
 
 from pipeline import train, trainer
-from pipeline.checkpoints import EPOCH_STEPS, TIME_BUDGET, holds_entry
+from pipeline.callbacks import EarlyStopping, EarlyStoppingState
+from pipeline.checkpoints import EARLY_STOPPING, EPOCH_STEPS, TIME_BUDGET, holds_entry
 from pipeline.config import PROJECT_ROOT, load_config
 from pipeline.trainer import PROFILE_AFTER
 
@@ -111,6 +113,54 @@ def test_training_with_subword_sampling(tmp_path, capsys, subword_model, how):
     out = capsys.readouterr().out
     assert f"training pairs segmented at random {how}" in out
     assert all(math.isfinite(loss) for loss in history["loss"])
+
+
+def test_early_stopping_counts_on_across_a_resume_and_restores_the_best_epoch(tmp_path):
+    """Validation losses 3.0, 2.0 | resume | 2.5, 2.4 with patience 2: the resumed run stops
+    after epoch 4 (a count begun afresh would take 2.4 as a fall) with epoch 2's weights."""
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    kernel = model.layers[0].kernel
+    logged = []
+
+    def run(state, losses, first_epoch):
+        stopping = EarlyStopping(2, state, logged.append)
+        stopping.set_model(model)
+        model.stop_training = False
+        for epoch, loss in enumerate(losses, first_epoch):
+            kernel.assign(tf.fill(kernel.shape, float(epoch + 1)))  # marks the epoch
+            stopping.on_epoch_end(epoch, {"val_loss": loss})
+        return stopping
+
+    state = EarlyStoppingState(model)
+    run(state, [3.0, 2.0], 0)
+    saved = tf.train.Checkpoint(state=state).save(str(tmp_path / "ckpt"))
+    resumed = EarlyStoppingState(model)
+    tf.train.Checkpoint(state=resumed).restore(saved).assert_consumed()
+    stopping = run(resumed, [2.5, 2.4], 2)
+    assert model.stop_training
+    assert logged == ["Early stopping: the validation loss has not fallen for 2 epochs "
+                      "(best 2.000, after epoch 2)"]  # fmt: skip
+    assert stopping.restore_best(model) == 2
+    assert kernel.numpy().tolist() == [[2.0], [2.0]]
+
+
+def test_early_stopping_state_is_checkpointed_and_resumed(tmp_path, capsys):
+    command = ["--config", SMOKE, "--workdir", str(tmp_path), "--set", "train.epochs=1",
+               "--set", "train.early_stopping_patience=3", "--set", "train.bleu_every_epochs=0",
+               "--set", "data.test_source=null", "--set", "data.test_target=null"]  # fmt: skip
+
+    def best_epoch():
+        checkpoint = tf.train.latest_checkpoint(str(tmp_path / "checkpoints"))
+        assert holds_entry(checkpoint, EARLY_STOPPING)
+        reader = tf.train.load_checkpoint(checkpoint)
+        return reader.get_tensor(f"{EARLY_STOPPING}/best_epoch/.ATTRIBUTES/VARIABLE_VALUE")
+
+    train.main(command)
+    assert best_epoch() == 1
+    command[command.index("train.epochs=1")] = "train.epochs=2"
+    history = train.main(command)
+    assert "(step 4, 1 epochs done)" in capsys.readouterr().out
+    assert len(history["val_loss"]) == 1 and best_epoch() == 2  # the smoke loss falls
 
 
 def test_a_time_budget_begins_the_cooldown_early_and_the_run_keeps_its_end(tmp_path, capsys):
