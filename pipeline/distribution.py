@@ -90,8 +90,12 @@ def take_chiefs_state(strategy, variables, is_chief):
     @tf.function
     def chiefs_values():
         def contribution():
-            # float64 holds every float32 and every integer below 2**53 (steps, epochs) exactly.
-            mine = [tf.cast(variable, tf.float64) * share for variable in variables]
+            # float64 holds every float32 and every integer below 2**53 (steps, epochs) exactly;
+            # multiply_no_nan's 0 * inf is 0, so an infinite value (no loss seen yet) stays whole.
+            mine = [
+                tf.math.multiply_no_nan(tf.cast(variable, tf.float64), share)
+                for variable in variables
+            ]
             return tf.distribute.get_replica_context().all_reduce("SUM", mine)
 
         return strategy.run(contribution)

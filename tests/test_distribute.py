@@ -3,6 +3,7 @@ mirrored training over two logical CPUs; a two-process multi-worker run on 127.0
 cluster bookkeeping (TF_CONFIG, chief, scratch folders)."""
 
 import json
+import math
 import os
 import re
 import shutil
@@ -13,7 +14,9 @@ import time
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
+from pipeline.checkpoints import EARLY_STOPPING
 from pipeline.config import PROJECT_ROOT, load_config
 from pipeline.distribution import EXIT_RESTART, SCRATCH_DIR, Task, current_task
 from pipeline.errors import UserError
@@ -137,7 +140,8 @@ def two_workers():
 
 
 def test_two_workers_finish_with_identical_weights(tmp_path):
-    outputs = wait_for(start_workers(tmp_path, two_workers()))
+    patience = ["--set", "train.early_stopping_patience=2"]
+    outputs = wait_for(start_workers(tmp_path, two_workers(), *patience))
     assert "worker-0 (chief)" in outputs[0] and "this process worker-1;" in outputs[1]
     # One training file for two input pipelines: each reads every line and keeps its half.
     assert "1 line in 2 (fewer files than input pipelines)" in outputs[1]
@@ -145,6 +149,13 @@ def test_two_workers_finish_with_identical_weights(tmp_path):
     # Only the chief wrote to the work directory; the other worker's scratch is gone.
     assert (tmp_path / "model.keras").is_file() and (tmp_path / "checkpoints").is_dir()
     assert not (tmp_path / SCRATCH_DIR).exists()
+    # Early stopping's state, shared from the chief as the run began, starts at an infinite loss.
+    state = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(tmp_path / "checkpoints")))
+    best, best_epoch = (
+        state.get_tensor(f"{EARLY_STOPPING}/{name}/.ATTRIBUTES/VARIABLE_VALUE")
+        for name in ("best", "best_epoch")
+    )
+    assert math.isfinite(best) and best_epoch == 2
 
 
 @pytest.mark.slow
