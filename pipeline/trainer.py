@@ -317,7 +317,7 @@ def run(config, workdir, log=print, init_from=None):
         take_chiefs_state(
             strategy,
             [*model.weights, *optimizer.variables, completed_epochs, epoch_steps, *positions,
-             *(stopping_state.variables if stopping_state else ())],
+             *(stopping_state.variables if stopping_state is not None else ())],
             task.is_chief,
         )  # fmt: skip
     # A resumed run keeps the epoch length it began with: the estimate's sample differs when
@@ -370,7 +370,7 @@ def run(config, workdir, log=print, init_from=None):
     )
     stream = TrainingStream(config, training_corpora, segmenters, strategy, positions, log)
     early_stopping = None
-    if stopping_state:
+    if stopping_state is not None:
         early_stopping = training_callbacks.EarlyStopping(
             train["early_stopping_patience"], stopping_state, log
         )
