@@ -352,7 +352,11 @@ def run(config, workdir, log=print, init_from=None):
         used = float(budget_state["seconds"].numpy()) / 3600
         log(
             f"Time budget: {train['time_budget_hours']:g} h of training ({used:.2f} h used)"
-            + (f"; the run ends after epoch {epochs}" if epochs < train["epochs"] else "")
+            + (
+                f"; the run ends after epoch {epochs}"
+                if epochs < train["epochs"]
+                else "; the run and its cool-down end sooner if the rest would not fit"
+            )
         )
     log(f"Model: {model.count_params():,} parameters")
     step = int(optimizer.iterations.numpy())

@@ -173,6 +173,7 @@ def test_a_time_budget_begins_the_cooldown_early_and_the_run_keeps_its_end(tmp_p
     history = train.main(command)
     out = capsys.readouterr().out
     assert "Learning rate cools down linearly to 0 over steps 17-20" in out  # as configured
+    assert "the run and its cool-down end sooner if the rest would not fit" in out
     assert "the learning rate cools down to 0 over steps 5-8 (epoch 2), then training stops" in out
     assert len(history["loss"]) == 2
     checkpoint = tf.train.latest_checkpoint(str(tmp_path / "checkpoints"))
