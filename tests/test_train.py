@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 import yaml
 
+from pipeline import callbacks as training_callbacks
 from pipeline import train, trainer
 from pipeline.callbacks import EarlyStopping, EarlyStoppingState
 from pipeline.checkpoints import EARLY_STOPPING, EPOCH_STEPS, TIME_BUDGET, holds_entry
@@ -144,23 +145,28 @@ def test_early_stopping_counts_on_across_a_resume_and_restores_the_best_epoch(tm
     assert kernel.numpy().tolist() == [[2.0], [2.0]]
 
 
-def test_early_stopping_state_is_checkpointed_and_resumed(tmp_path, capsys):
+def test_a_resumed_run_stops_early_on_the_checkpointed_state(tmp_path, capsys, monkeypatch):
+    """Validation losses set to 2.0 in epoch 1, 3.0 after, patience 1: the run resumed after
+    epoch 1 stops after epoch 2 and saves epoch 1's weights; a count begun afresh at the
+    resume would take epoch 2 as its best and train on."""
+    losses = [2.0, 3.0, 3.0]
+    judge = training_callbacks.EarlyStopping.on_epoch_end
+    monkeypatch.setattr(
+        training_callbacks.EarlyStopping, "on_epoch_end",
+        lambda self, epoch, logs=None: judge(self, epoch, {**logs, "val_loss": losses[epoch]}),
+    )  # fmt: skip
     command = ["--config", SMOKE, "--workdir", str(tmp_path), "--set", "train.epochs=1",
-               "--set", "train.early_stopping_patience=3", "--set", "train.bleu_every_epochs=0",
+               "--set", "train.early_stopping_patience=1", "--set", "train.bleu_every_epochs=0",
                "--set", "data.test_source=null", "--set", "data.test_target=null"]  # fmt: skip
-
-    def best_epoch():
-        checkpoint = tf.train.latest_checkpoint(str(tmp_path / "checkpoints"))
-        assert holds_entry(checkpoint, EARLY_STOPPING)
-        reader = tf.train.load_checkpoint(checkpoint)
-        return reader.get_tensor(f"{EARLY_STOPPING}/best_epoch/.ATTRIBUTES/VARIABLE_VALUE")
-
     train.main(command)
-    assert best_epoch() == 1
-    command[command.index("train.epochs=1")] = "train.epochs=2"
+    assert holds_entry(tf.train.latest_checkpoint(str(tmp_path / "checkpoints")), EARLY_STOPPING)
+    command[command.index("train.epochs=1")] = "train.epochs=3"
+    capsys.readouterr()
     history = train.main(command)
-    assert "(step 4, 1 epochs done)" in capsys.readouterr().out
-    assert len(history["val_loss"]) == 1 and best_epoch() == 2  # the smoke loss falls
+    out = capsys.readouterr().out
+    assert "(step 4, 1 epochs done)" in out and len(history["loss"]) == 1
+    assert "the validation loss has not fallen for 1 epochs (best 2.000, after epoch 1)" in out
+    assert "Weights: the best epoch's, epoch 1 (lowest validation loss)" in out
 
 
 def test_a_time_budget_begins_the_cooldown_early_and_the_run_keeps_its_end(tmp_path, capsys):
