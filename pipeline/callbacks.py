@@ -179,18 +179,42 @@ class CheckpointEveryNSteps(keras.callbacks.Callback):
         self.save()
 
 
+class TrainingClock(keras.callbacks.Callback):
+    """Counts the run's training time across resumes in `seconds`, a float64 variable kept in
+    the checkpoint; `record` brings it up to date (at each epoch end and before each save, so
+    that the last checkpoint holds the time that the run reports)."""
+
+    def __init__(self, seconds):
+        super().__init__()
+        self.seconds = seconds
+        self._recorded = None
+
+    def record(self):
+        """Adds the time since the last call (or the fit's start) to `seconds`."""
+        now = time.perf_counter()
+        self.seconds.assign_add(now - self._recorded)
+        self._recorded = now
+
+    def on_train_begin(self, logs=None):
+        self._recorded = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.record()
+
+
 class TimeBudget(keras.callbacks.Callback):
-    """Ends training within `hours` of training time, counted across resumes.
+    """Ends training within `hours` of training time, counted across resumes by `clock` (a
+    `TrainingClock` placed before this callback).
 
     At each epoch end, when one more epoch and then the cool-down (`cooldown_epochs`), at the
     mean epoch time measured so far, would not fit what is left, the cool-down begins at once and
-    training stops at its end; without a cool-down, training stops there. `variables`, kept in
-    the checkpoint: "seconds", the time used (brought up to date by `record`, before each
-    save), and "last_epoch", the last epoch once decided (0 before), which a resumed run keeps.
+    training stops at its end; without a cool-down, training stops there. `last_epoch`, a
+    variable kept in the checkpoint, is the last epoch once decided (0 before): a resumed run
+    keeps it.
     """
 
-    def __init__(self, hours, variables, epochs, cooldown_epochs, steps_per_epoch, schedule,
-                 log=print):  # fmt: skip
+    def __init__(self, hours, clock, last_epoch, epochs, cooldown_epochs, steps_per_epoch,
+                 schedule, log=print):  # fmt: skip
         super().__init__()
         self.budget = hours * 3600.0
         self.epochs = epochs  # the most, and where the configured cool-down ends
@@ -198,23 +222,17 @@ class TimeBudget(keras.callbacks.Callback):
         self.steps_per_epoch = steps_per_epoch
         self.schedule = schedule
         self.log = log
-        self.seconds, self.last_epoch = variables["seconds"], variables["last_epoch"]
+        self.seconds, self.last_epoch = clock.seconds, last_epoch
         self._epoch_seconds = []
 
-    def record(self):
-        """Adds the time since the last call (or the fit's start) to the seconds used."""
-        now = time.perf_counter()
-        self.seconds.assign_add(now - self._recorded)
-        self._recorded = now
-
     def on_train_begin(self, logs=None):
-        self._recorded = self._epoch_began = time.perf_counter()
+        self._epoch_began = time.perf_counter()
 
     def on_epoch_end(self, epoch, logs=None):
-        self.record()
+        now = time.perf_counter()
         if self.params.get("steps") == self.steps_per_epoch:  # not the rest of a resumed one
-            self._epoch_seconds.append(self._recorded - self._epoch_began)
-        self._epoch_began = self._recorded
+            self._epoch_seconds.append(now - self._epoch_began)
+        self._epoch_began = now
         last = int(self.last_epoch.numpy())
         if not last:
             last = self._decide(epoch + 1)

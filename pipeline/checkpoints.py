@@ -90,15 +90,15 @@ def make_optimizer(train, schedule=None):
 
 
 EPOCH_STEPS = "epoch_steps"  # the training checkpoint's name for the run's epoch length
-TIME_BUDGET = "time_budget"  # ... and for a time budget's state (`callbacks.TimeBudget`)
+TRAINING_TIME = "training_time"  # ... for its training time (`callbacks.TrainingClock`)
+TIME_BUDGET = "time_budget"  # ... for a time budget's state (`callbacks.TimeBudget`)
 EARLY_STOPPING = "early_stopping"  # ... and for early stopping's (`callbacks.EarlyStopping`)
 
 
 def holds_entry(checkpoint_path, name):
     """Whether a training checkpoint holds the optional entry `name` (`EPOCH_STEPS`,
-    `TIME_BUDGET`, `EARLY_STOPPING`): those from before it existed, or from runs without it,
-    resume without.
-    A damaged one says True: restoring it reports the damage."""
+    `TRAINING_TIME`, `TIME_BUDGET`, `EARLY_STOPPING`): those from before it existed, or from
+    runs without it, resume without. A damaged one says True: restoring it reports the damage."""
     try:
         keys = tf.train.load_checkpoint(checkpoint_path).get_variable_to_shape_map()
     except Exception:  # the checkpoint reader raises many types for a damaged file
@@ -107,14 +107,17 @@ def holds_entry(checkpoint_path, name):
 
 
 def training_checkpoint(
-    model, optimizer, completed_epochs, stream_positions=(), epoch_steps=None, time_budget=None,
-    early_stopping=None,
+    model, optimizer, completed_epochs, stream_positions=(), epoch_steps=None,
+    training_time=None, time_budget=None, early_stopping=None,
 ):  # fmt: skip
     """The `tf.train.Checkpoint` that training saves and resumes from: with the training
     stream's position in each corpus (`stream_positions`), the run's steps per epoch
-    (`epoch_steps`), its time budget's variables (`time_budget`, a dict) and early
-    stopping's state (`early_stopping`, a trackable), when given."""
+    (`epoch_steps`), its training time in seconds (`training_time`), its time budget's
+    variables (`time_budget`, a dict) and early stopping's state (`early_stopping`, a
+    trackable), when given."""
     extra = {} if epoch_steps is None else {EPOCH_STEPS: epoch_steps}
+    if training_time is not None:
+        extra[TRAINING_TIME] = training_time
     if time_budget is not None:
         extra[TIME_BUDGET] = tf.train.Checkpoint(**time_budget)
     if early_stopping is not None:

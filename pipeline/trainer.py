@@ -17,6 +17,7 @@ from pipeline.checkpoints import (
     EARLY_STOPPING,
     EPOCH_STEPS,
     TIME_BUDGET,
+    TRAINING_TIME,
     average_checkpoints,
     holds_entry,
     make_optimizer,
@@ -147,13 +148,13 @@ def _remaining_work(steps_per_epoch, epochs, completed_epochs, step, log):
 
 
 def _callbacks(config, workdir, task, manager, completed_epochs, translator, float32_model,
-               corpora, has_valid, stream, budget, early_stopping, started, log):  # fmt: skip
+               corpora, has_valid, stream, clock, budget, early_stopping, started,
+               log):  # fmt: skip
     train = config["train"]
 
     def before_save():
         stream.record()
-        if budget:
-            budget.record()
+        clock.record()
 
     checkpointer = training_callbacks.CheckpointEveryNSteps(
         manager, completed_epochs, train["checkpoint_every_steps"], before_save=before_save
@@ -162,7 +163,8 @@ def _callbacks(config, workdir, task, manager, completed_epochs, translator, flo
         training_callbacks.FirstStepTime(started, log),
         training_callbacks.StopOnNonFiniteLoss(manager),  # before any checkpoint of the step
         training_callbacks.TargetTokensPerSecond(),
-        # Before the checkpoint that keeps their decisions:
+        # Before the checkpoint that keeps their decisions, the clock before the budget:
+        clock,
         *[callback for callback in (budget, early_stopping) if callback],
         checkpointer,
         training_callbacks.ReportAtTrainingEnd(lambda: stream.counters.summary(), log),
@@ -285,18 +287,22 @@ def run(config, workdir, log=print, init_from=None):
         positions = [tf.Variable(0, dtype=tf.int64, trainable=False) for _ in training_corpora]
         latest = tf.train.latest_checkpoint(str(output / CHECKPOINT_DIR))
         kept_length = epoch_steps if latest is None or holds_entry(latest, EPOCH_STEPS) else None
+        training_seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+        kept_time = None  # a run begun without it counts this command's time only
+        if latest is None or holds_entry(latest, TRAINING_TIME):
+            kept_time = training_seconds
         budget_state = None
         if train["time_budget_hours"] is not None:
             if latest is not None and not holds_entry(latest, TIME_BUDGET):
                 raise UserError(
                     f"{latest}: this run began without train.time_budget_hours, so its "
-                    "checkpoints hold no training time; resume it without one, or start a new "
-                    "work directory"
+                    "checkpoints hold no decision on its end; resume it without one, or start "
+                    "a new work directory"
                 )
-            budget_state = {
-                "seconds": tf.Variable(0.0, dtype=tf.float64, trainable=False),  # time used
-                "last_epoch": tf.Variable(0, dtype=tf.int64, trainable=False),  # 0: undecided
-            }
+            last_epoch = tf.Variable(0, dtype=tf.int64, trainable=False)  # 0: undecided
+            budget_state = {"last_epoch": last_epoch}
+            if kept_time is None:  # a budgeted run begun before TRAINING_TIME kept it here
+                budget_state["seconds"] = training_seconds
         stopping_state = None
         if train["early_stopping_patience"] and valid_data is not None:
             stopping_state = training_callbacks.EarlyStoppingState(model)
@@ -304,7 +310,7 @@ def run(config, workdir, log=print, init_from=None):
         if latest is None or holds_entry(latest, EARLY_STOPPING):
             kept_stopping = stopping_state  # a run begun without it counts from here
         checkpoint = training_checkpoint(
-            model, optimizer, completed_epochs, positions, kept_length, budget_state,
+            model, optimizer, completed_epochs, positions, kept_length, kept_time, budget_state,
             kept_stopping,
         )  # fmt: skip
         manager = tf.train.CheckpointManager(
@@ -316,7 +322,8 @@ def run(config, workdir, log=print, init_from=None):
             _initialise_from(model, init_from, log)
         take_chiefs_state(
             strategy,
-            [*model.weights, *optimizer.variables, completed_epochs, epoch_steps, *positions,
+            [*model.weights, *optimizer.variables, completed_epochs, epoch_steps,
+             training_seconds, *positions,
              *(stopping_state.variables if stopping_state is not None else ())],
             task.is_chief,
         )  # fmt: skip
@@ -343,13 +350,14 @@ def run(config, workdir, log=print, init_from=None):
             f"Learning rate cools down linearly to 0 over {steps} (train.cooldown_epochs: "
             f"{cooldown_epochs})"
         )
+    clock = training_callbacks.TrainingClock(training_seconds)
     budget = None
     if budget_state:
         budget = training_callbacks.TimeBudget(
-            train["time_budget_hours"], budget_state, train["epochs"], cooldown_epochs,
-            steps_per_epoch, schedule, log,
+            train["time_budget_hours"], clock, budget_state["last_epoch"], train["epochs"],
+            cooldown_epochs, steps_per_epoch, schedule, log,
         )  # fmt: skip
-        used = float(budget_state["seconds"].numpy()) / 3600
+        used = float(training_seconds.numpy()) / 3600
         log(
             f"Time budget: {train['time_budget_hours']:g} h of training ({used:.2f} h used)"
             + (
@@ -380,10 +388,10 @@ def run(config, workdir, log=print, init_from=None):
         )
     callbacks = _callbacks(
         config, workdir, task, manager, completed_epochs, translator, float32_model, corpora,
-        valid_data is not None, stream, budget, early_stopping, started, log,
+        valid_data is not None, stream, clock, budget, early_stopping, started, log,
     )  # fmt: skip
 
-    start = time.perf_counter()
+    before = float(training_seconds.numpy())
     history = {}
     try:
         for first_epoch, end_epoch, steps in _remaining_work(
@@ -413,7 +421,6 @@ def run(config, workdir, log=print, init_from=None):
         ) from None
     finally:
         callbacks[-1].restore_handlers()
-    training_seconds = time.perf_counter() - start
     log(f"Weights fingerprint: {weights_fingerprint(model)}")
     if not task.is_chief:  # the chief holds the results
         shutil.rmtree(output, ignore_errors=True)
@@ -429,13 +436,18 @@ def run(config, workdir, log=print, init_from=None):
         best_epoch = early_stopping.restore_best(model)
         if best_epoch and best_epoch < int(completed_epochs.numpy()):
             log(f"Weights: the best epoch's, epoch {best_epoch} (lowest validation loss)")
-    float32_model.set_weights(model.get_weights())
-    # With nothing left to train, keep the saved model: it may hold early stopping's best weights.
+    # With nothing left to train, the saved model is the run's: its weights may be averaged or
+    # early stopping's best, where the last checkpoint's are neither.
     if history or not (workdir / MODEL_FILE).exists():
+        float32_model.set_weights(model.get_weights())
         save_model_atomically(float32_model, workdir / MODEL_FILE)
-        log(f"Trained for {training_seconds:.0f} s; model saved to {workdir / MODEL_FILE}")
+        total = float(training_seconds.numpy())
+        resumed = f" ({total - before:.0f} s in this command)" if before else ""
+        log(f"Trained for {total:.0f} s{resumed}; model saved to {workdir / MODEL_FILE}")
+    else:
+        float32_model.load_weights(workdir / MODEL_FILE)
     if corpora["test"]:
-        _evaluate_test(translator, corpora["test"], workdir, training_seconds, log)
+        _evaluate_test(translator, corpora["test"], workdir, float(training_seconds.numpy()), log)
     return history
 
 

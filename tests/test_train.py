@@ -16,7 +16,13 @@ import yaml
 from pipeline import callbacks as training_callbacks
 from pipeline import train, trainer
 from pipeline.callbacks import EarlyStopping, EarlyStoppingState
-from pipeline.checkpoints import EARLY_STOPPING, EPOCH_STEPS, TIME_BUDGET, holds_entry
+from pipeline.checkpoints import (
+    EARLY_STOPPING,
+    EPOCH_STEPS,
+    TIME_BUDGET,
+    TRAINING_TIME,
+    holds_entry,
+)
 from pipeline.config import PROJECT_ROOT, load_config
 from pipeline.trainer import PROFILE_AFTER
 
@@ -167,6 +173,47 @@ def test_a_resumed_run_stops_early_on_the_checkpointed_state(tmp_path, capsys, m
     assert "(step 4, 1 epochs done)" in out and len(history["loss"]) == 1
     assert "the validation loss has not fallen for 1 epochs (best 2.000, after epoch 1)" in out
     assert "Weights: the best epoch's, epoch 1 (lowest validation loss)" in out
+
+
+def test_the_test_report_counts_the_training_time_of_every_command(tmp_path, capsys, monkeypatch):
+    """The checkpoints keep the training time: after a resume, test_report.json holds the
+    first command's time plus the second's. The callbacks' clock advances 1 s a reading, so
+    the sums are exact."""
+    readings = iter(range(10**6))
+    monkeypatch.setattr(
+        training_callbacks, "time", type("Clock", (), {"perf_counter": lambda: next(readings)})
+    )
+    command = ["--config", SMOKE, "--workdir", str(tmp_path), "--set", "train.epochs=1",
+               "--set", "train.bleu_every_epochs=0"]  # fmt: skip
+
+    def reported():
+        return json.loads((tmp_path / "test_report.json").read_text())["training_seconds"]
+
+    train.main(command)
+    first = reported()
+    assert first > 0
+    assert holds_entry(tf.train.latest_checkpoint(str(tmp_path / "checkpoints")), TRAINING_TIME)
+    command[command.index("train.epochs=1")] = "train.epochs=2"
+    capsys.readouterr()
+    train.main(command)
+    second = int(
+        re.search(r"Trained for \d+ s \((\d+) s in this command\)", capsys.readouterr().out)[1]
+    )
+    assert second > 0 and reported() == first + second
+
+
+def test_the_same_command_after_the_end_scores_the_saved_model(tmp_path):
+    """With nothing left to train, the test split is translated with the saved model (here
+    the mean of the last 2 checkpoints), not the last checkpoint: the report and the
+    translations stay as they were."""
+    command = ["--config", SMOKE, "--workdir", str(tmp_path), "--set", "train.epochs=1",
+               "--set", "train.average_checkpoints=2",
+               "--set", "train.bleu_every_epochs=0"]  # fmt: skip
+    outputs = [tmp_path / "test_report.json", tmp_path / "test_translations.txt"]
+    train.main(command)
+    first = [path.read_text() for path in outputs]
+    assert train.main(command) == {}
+    assert [path.read_text() for path in outputs] == first
 
 
 def test_a_time_budget_begins_the_cooldown_early_and_the_run_keeps_its_end(tmp_path, capsys):
