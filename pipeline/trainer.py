@@ -299,8 +299,9 @@ def run(config, workdir, log=print, init_from=None):
                     "checkpoints hold no decision on its end; resume it without one, or start "
                     "a new work directory"
                 )
-            last_epoch = tf.Variable(0, dtype=tf.int64, trainable=False)  # 0: undecided
-            budget_state = {"last_epoch": last_epoch}
+            budget_state = {
+                "last_epoch": tf.Variable(0, dtype=tf.int64, trainable=False)  # 0: undecided
+            }
             if kept_time is None:  # a budgeted run begun before TRAINING_TIME kept it here
                 budget_state["seconds"] = training_seconds
         stopping_state = None
@@ -438,16 +439,16 @@ def run(config, workdir, log=print, init_from=None):
             log(f"Weights: the best epoch's, epoch {best_epoch} (lowest validation loss)")
     # With nothing left to train, the saved model is the run's: its weights may be averaged or
     # early stopping's best, where the last checkpoint's are neither.
+    total = float(training_seconds.numpy())
     if history or not (workdir / MODEL_FILE).exists():
         float32_model.set_weights(model.get_weights())
         save_model_atomically(float32_model, workdir / MODEL_FILE)
-        total = float(training_seconds.numpy())
         resumed = f" ({total - before:.0f} s in this command)" if before else ""
         log(f"Trained for {total:.0f} s{resumed}; model saved to {workdir / MODEL_FILE}")
     else:
         float32_model.load_weights(workdir / MODEL_FILE)
     if corpora["test"]:
-        _evaluate_test(translator, corpora["test"], workdir, float(training_seconds.numpy()), log)
+        _evaluate_test(translator, corpora["test"], workdir, total, log)
     return history
 
 
