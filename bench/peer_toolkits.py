@@ -77,17 +77,22 @@ class Peer:
 
 
 SENTENCEPIECE = "sentencepiece==0.2.1"  # its `sentencepiece` transform imports it
-CTRANSLATE2 = "ctranslate2==4.8.5"  # its converter reads OpenNMT-py's checkpoints
 PEERS = {
     "opennmt-tf": Peer("opennmt-tf", "2.32.0", (("OpenNMT-tf==2.32.0", "tensorflow-cpu==2.13.1"),)),
     # torch 2.13.0 first: the CPU wheel on the machine's disk (a plain `torch` is a CUDA build).
+    # It brings CTranslate2 3.24, whose converter reads its checkpoints.
     "opennmt-py": Peer(
         "opennmt-py",
         "3.0.4",
-        (("torch==2.13.0",), ("OpenNMT-py==3.0.4", "torch==2.13.0", SENTENCEPIECE, CTRANSLATE2)),
+        (("torch==2.13.0",), ("OpenNMT-py==3.0.4", "torch==2.13.0", SENTENCEPIECE)),
     ),
 }
 TOOLKITS = ("ours", *PEERS)
+# Our recipe with settings a user may change, measured for speed beside it: one-length
+# batches, as OpenNMT-tf's Transformer batches (length_bucket_width 1) and OpenNMT-py's
+# length-sorted pools come close to.
+OUR_VARIANTS = {"ours-bucket-width-1": {"train": {"bucket_width": 1}}}
+SPEED_TOOLKITS = ("ours", *OUR_VARIANTS, *PEERS)
 
 
 @dataclass(frozen=True)
@@ -304,12 +309,13 @@ def ours_files(family, root, workdir, overrides):
     return write_yaml(workdir / "config.yaml", our_config(family, root, overrides))
 
 
-def ours_speed_commands(family, root, workdir, steps, window):
+def ours_speed_commands(family, root, workdir, steps, window, variant=None):
     overrides = {
         "data": {k: None for k in ("valid_source", "valid_target", "test_source", "test_target")},
         "train": {"epochs": steps // window, "steps_per_epoch": window, "bleu_every_epochs": 0,
                   "early_stopping_patience": None, "average_checkpoints": 0,
-                  "checkpoint_every_steps": 10 * steps},
+                  "checkpoint_every_steps": 10 * steps,
+                  **OUR_VARIANTS.get(variant, {}).get("train", {})},
     }  # fmt: skip
     config = ours_files(family, root, workdir, overrides)
     return [[sys.executable, "-m", "pipeline.train", "--config", config, "--workdir", workdir]]
@@ -536,13 +542,21 @@ class Toolkit:
 
 TOOLKIT_RUNS = {
     "ours": Toolkit("ours", ours_speed_commands, ours_windows),
+    **{
+        variant: Toolkit(
+            variant,
+            lambda *args, variant=variant: ours_speed_commands(*args, variant=variant),
+            ours_windows,
+        )
+        for variant in OUR_VARIANTS
+    },
     "opennmt-tf": Toolkit("opennmt-tf", opennmt_tf_speed_commands, opennmt_tf_windows),
     "opennmt-py": Toolkit("opennmt-py", opennmt_py_speed_commands, opennmt_py_windows),
 }
 
 
 def environment(toolkit, threads):
-    if toolkit == "ours":
+    if toolkit not in PEERS:
         return our_environment(threads)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
     if toolkit == "opennmt-py":
@@ -558,7 +572,7 @@ def speed(root, families, threads_list, rounds, steps, window):
         build_vocabularies(family, root)
         for threads in threads_list:
             for index in range(rounds):
-                for toolkit in TOOLKITS:
+                for toolkit in SPEED_TOOLKITS:
                     run_speed(root, family, toolkit, threads, index, steps, window)
 
 
@@ -829,18 +843,20 @@ def report(root):
     results = load_results(root)
     for family, by_threads in results.get("speed", {}).items():
         print(f"\n### {family}: training target tokens/s (steady state, median of windows)\n")
-        print("| threads | " + " | ".join(TOOLKITS) + " | " +
-              " | ".join(f"ours / {p}" for p in PEERS) + " |")  # fmt: skip
-        print("|---" * (1 + len(TOOLKITS) + len(PEERS)) + "|")
+        ours = ("ours", *OUR_VARIANTS)
+        pairs = [(o, p) for o in ours for p in PEERS]
+        print("| threads | " + " | ".join(SPEED_TOOLKITS) + " | " +
+              " | ".join(f"{o} / {p}" for o, p in pairs) + " |")  # fmt: skip
+        print("|---" * (1 + len(SPEED_TOOLKITS) + len(pairs)) + "|")
         for threads, by_toolkit in by_threads.items():
             medians, cells = {}, []
-            for toolkit in TOOLKITS:
+            for toolkit in SPEED_TOOLKITS:
                 runs = [r["steady"] for r in by_toolkit.get(toolkit, {}).values()]
                 medians[toolkit] = statistics.median(runs) if runs else None
                 cells.append(", ".join(f"{r:,.0f}" for r in runs) or "-")
             ratios = [
-                f"{medians['ours'] / medians[p]:.2f}x" if medians["ours"] and medians[p] else "-"
-                for p in PEERS
+                f"{medians[o] / medians[p]:.2f}x" if medians[o] and medians[p] else "-"
+                for o, p in pairs
             ]
             print(f"| {threads} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
     for family, by_toolkit in results.get("quality", {}).items():
