@@ -30,6 +30,11 @@ def parse_args(argv):
     )
     parser.add_argument("--model-name", help="TF Serving model name (default: export.model_name)")
     parser.add_argument(
+        "--wait",
+        action="store_true",
+        help="if another command is writing there, wait for it to end (default: refuse)",
+    )
+    parser.add_argument(
         "--verbose", action="store_true", help="the converters' messages on stderr, not in a log"
     )
     return parser.parse_args(argv)
@@ -42,7 +47,13 @@ def main(argv=None):
     from export.exporter import export_model  # TensorFlow loads once the arguments are valid
 
     return export_model(
-        args.workdir, args.output, formats, args.version, args.model_name, verbose=args.verbose
+        args.workdir,
+        args.output,
+        formats,
+        args.version,
+        args.model_name,
+        verbose=args.verbose,
+        wait=args.wait,
     )
 
 

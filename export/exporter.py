@@ -9,6 +9,7 @@ Each is written to a temporary sibling and renamed into place, so an interrupted
 leaves no partial version directory and keeps the previous ONNX or CTranslate2 model.
 """
 
+import contextlib
 import re
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from export.serving_check import read_meta_graph, unsupported_ops
 from export.serving_graph import TranslationGraph
 from export.signature import METADATA_FILE
 from pipeline import library_output
+from pipeline.atomic_files import writing
 from pipeline.config import (
     DEFAULT_EXPORT_FORMATS,
     check_formats_fit_model,
@@ -28,7 +30,7 @@ from pipeline.config import (
 )
 from pipeline.errors import UserError
 from pipeline.tokenizer import vocabulary_paths
-from pipeline.workdir import load_trained, write_directory_atomically
+from pipeline.workdir import exclusive_writer, load_trained, write_directory_atomically
 
 EXPORT_LOG = "export.log"  # what the converters write to stderr, beside the exports
 
@@ -93,10 +95,12 @@ def export_model(
     model_name=None,
     log=print,
     verbose=False,
+    wait=False,
 ):
     """Exports `workdir`'s model in `formats` under `output` (default: the configuration's
     export.directory, else WORKDIR/export); returns {format: path}. What the converters write
-    to stderr goes to OUT/export.log unless `verbose`."""
+    to stderr goes to OUT/export.log unless `verbose`. An export into the work directory holds
+    its writer lock (waiting for another holder with `wait`); one elsewhere reads it only."""
     config, model, source_tokenizer, target_tokenizer = load_trained(workdir)
     if "ctranslate2" in formats:  # refused now rather than after the other formats
         check_formats_fit_model(formats, config["model"]["type"], str(workdir))
@@ -113,19 +117,22 @@ def export_model(
         )
     start = time.perf_counter()
     paths = {}
-    output.mkdir(parents=True, exist_ok=True)
-    with library_output.to_file(output / EXPORT_LOG, enabled=not verbose):
-        if "saved_model" in formats:
-            paths["saved_model"] = export_saved_model(graph, output, model_name, version, log)
-        if "onnx" in formats:
-            paths["onnx"] = export_onnx(
-                graph, workdir, output, settings["onnx_opset"], settings["onnx_int8"], log,
-                model_languages(config["data"]),
-            )  # fmt: skip
-        if "ctranslate2" in formats:
-            paths["ctranslate2"] = export_ctranslate2(
-                model, workdir, output, settings["ctranslate2_quantization"], log
-            )
+    inside = output.resolve().is_relative_to(Path(workdir).resolve())
+    with exclusive_writer(workdir, wait, log) if inside else contextlib.nullcontext():
+        with writing(output):
+            output.mkdir(parents=True, exist_ok=True)
+        with library_output.to_file(output / EXPORT_LOG, enabled=not verbose):
+            if "saved_model" in formats:
+                paths["saved_model"] = export_saved_model(graph, output, model_name, version, log)
+            if "onnx" in formats:
+                paths["onnx"] = export_onnx(
+                    graph, workdir, output, settings["onnx_opset"], settings["onnx_int8"], log,
+                    model_languages(config["data"]),
+                )  # fmt: skip
+            if "ctranslate2" in formats:
+                paths["ctranslate2"] = export_ctranslate2(
+                    model, workdir, output, settings["ctranslate2_quantization"], log
+                )
     also = "" if verbose else f"; the converters' messages are in {output / EXPORT_LOG}"
     log(f"Exported in {time.perf_counter() - start:.0f} s{also}")
     return paths

@@ -22,7 +22,12 @@ import onnxruntime
 import sentencepiece
 
 from export.signature import METADATA_FILE, SOURCE_IDS, TARGET_PREFIX, option_dtypes
+from pipeline.errors import UnusableFileError, first_line
 from pipeline.length_batches import length_sorted_batches
+
+# What the runtime reads from model.json; an export without one of them is too old or damaged.
+METADATA_KEYS = ("model", "source_vocabulary", "target_vocabulary", "special_ids",
+                 "max_source_length", "inputs")  # fmt: skip
 
 
 def _find_export(path):
@@ -30,7 +35,77 @@ def _find_export(path):
     for candidate in (path, path / "onnx"):
         if (candidate / METADATA_FILE).is_file():
             return candidate
-    raise FileNotFoundError(f"{path}: no exported ONNX model ({METADATA_FILE} not found)")
+    raise UnusableFileError(path / METADATA_FILE, "not found: no exported ONNX model here")
+
+
+def read_metadata(directory):
+    """An export's model.json, checked for what the runtime reads; `UnusableFileError`
+    naming the file when it is cut short, not JSON, or lacks a key."""
+    path = Path(directory) / METADATA_FILE
+    try:
+        metadata = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UnusableFileError(path, f"cannot read the export's description ({error})") from None
+    missing = [
+        key for key in METADATA_KEYS if not isinstance(metadata, dict) or key not in metadata
+    ]
+    if missing:
+        raise UnusableFileError(path, f"no {missing[0]!r}: damaged, or from another version; "
+                                "export the model again (python -m export)")  # fmt: skip
+    return metadata
+
+
+def _read_bytes(path, what):
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise UnusableFileError(path, f"{what} not found") from None
+    except OSError as error:
+        raise UnusableFileError(path, f"cannot read the {what} ({error.strerror})") from None
+
+
+def _read_once(directory, int8):
+    """(metadata, model, source vocabulary, target vocabulary, the model's path): each file
+    of the export read once, as bytes."""
+    metadata = read_metadata(directory)
+    model_file = metadata["model"]
+    if int8:
+        model_file = metadata.get("int8_model")
+        if not model_file:
+            raise UnusableFileError(
+                directory / METADATA_FILE,
+                "no int8 model in this export; export with export.onnx_int8: true",
+            )
+    files = [
+        (directory / model_file, "ONNX model"),
+        (directory / metadata["source_vocabulary"], "vocabulary"),
+        (directory / metadata["target_vocabulary"], "vocabulary"),
+    ]
+    return (metadata, *(_read_bytes(path, what) for path, what in files), files[0][0])
+
+
+def read_export(directory, int8=False, attempts=3):
+    """The export's files, read as one version: a re-export replaces the directory by a
+    rename, so when its identity changed during the reads, they are read again."""
+    for _ in range(attempts):
+        identity = os.stat(directory).st_ino
+        try:
+            files = _read_once(directory, int8)
+        except UnusableFileError:
+            if os.stat(directory).st_ino == identity:
+                raise
+            continue
+        if os.stat(directory).st_ino == identity:
+            return files
+    raise UnusableFileError(directory, f"replaced while being read, {attempts} times; try again")
+
+
+def _load(path, what, load):
+    """`load()`; a damaged file raises `UnusableFileError` naming `path`."""
+    try:
+        return load()
+    except Exception as error:  # onnxruntime and sentencepiece raise their own types
+        raise UnusableFileError(path, f"cannot load the {what} ({first_line(error)})") from None
 
 
 def session_options(intra_op_threads=None, inter_threads=1):
@@ -61,25 +136,20 @@ class OnnxTranslator:
         if inter_threads < 1:
             raise ValueError(f"inter_threads must be at least 1, not {inter_threads}")
         self.directory = _find_export(path)
-        self.metadata = json.loads((self.directory / METADATA_FILE).read_text())
-        model_file = self.metadata["model"]
-        if int8:
-            model_file = self.metadata.get("int8_model")
-            if not model_file:
-                raise FileNotFoundError(
-                    f"{self.directory}: no int8 model; export with export.onnx_int8: true"
-                )
-        self.session = onnxruntime.InferenceSession(
-            str(self.directory / model_file),
-            session_options(intra_op_threads, inter_threads),
-            providers=["CPUExecutionProvider"],
+        self.metadata, model, source, target, model_path = read_export(self.directory, int8)
+        options = session_options(intra_op_threads, inter_threads)
+        self.session = _load(
+            model_path,
+            "ONNX model",
+            lambda: onnxruntime.InferenceSession(
+                model, options, providers=["CPUExecutionProvider"]
+            ),
         )
-        self.source = sentencepiece.SentencePieceProcessor(
-            model_file=str(self.directory / self.metadata["source_vocabulary"])
-        )
-        self.target = sentencepiece.SentencePieceProcessor(
-            model_file=str(self.directory / self.metadata["target_vocabulary"])
-        )
+        self.source, self.target = (
+            _load(self.directory / self.metadata[key], "vocabulary",
+                  lambda proto=proto: sentencepiece.SentencePieceProcessor(model_proto=proto))
+            for key, proto in (("source_vocabulary", source), ("target_vocabulary", target))
+        )  # fmt: skip
         self.batch_size = batch_size
         self.inter_threads = inter_threads
         self.pad_id = self.metadata["special_ids"]["pad"]

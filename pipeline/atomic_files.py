@@ -2,8 +2,40 @@
 
 import contextlib
 import os
+import re
+import sys
 import uuid
 from pathlib import Path
+
+from pipeline.errors import UserError, WriteFailed, first_line
+
+
+def write_failure_reason(error):
+    """Why a write failed, when `error` is a failed write: an `OSError`, or TensorFlow's error
+    from a file operation (it carries the system's message, e.g. `...; No space left on
+    device [Op:SaveV2]`); else None. Call it only on errors raised while writing."""
+    if isinstance(error, OSError):
+        return error.strerror or first_line(error)
+    tensorflow = sys.modules.get("tensorflow")
+    if tensorflow is not None and isinstance(error, tensorflow.errors.OpError):
+        text = re.sub(r"\s*\[Op:\w+\].*$", "", first_line(error.message))
+        return text.rsplit("; ", 1)[-1]
+    return None
+
+
+@contextlib.contextmanager
+def writing(path):
+    """A failed write inside the block raises `WriteFailed` naming `path` (one line for the
+    user instead of a library's traceback); other errors pass as they are."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as error:
+        reason = write_failure_reason(error)
+        if reason is None:
+            raise
+        raise WriteFailed(path, reason) from None
 
 
 @contextlib.contextmanager
@@ -15,8 +47,9 @@ def atomic_path(path):
     path = Path(path)
     tmp = path.with_name(f".{path.stem}.tmp-{uuid.uuid4().hex[:8]}{path.suffix}")
     try:
-        yield tmp
-        os.replace(tmp, path)
+        with writing(path):
+            yield tmp
+            os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -32,6 +32,11 @@ def parse_args(argv):
     parser.add_argument(
         "--output", type=Path, required=True, help="the new work directory to write"
     )
+    parser.add_argument(
+        "--wait",
+        action="store_true",
+        help="if another command is writing to --output, wait for it to end (default: refuse)",
+    )
     return parser.parse_args(argv)
 
 
@@ -48,6 +53,7 @@ def main(argv=None):
         CHECKPOINT_DIR,
         CONFIG_FILE,
         MODEL_FILE,
+        exclusive_writer,
         load_trained,
         save_model_atomically,
         write_directory_atomically,
@@ -65,7 +71,8 @@ def main(argv=None):
         shutil.copytree(vocabulary_dir, directory / vocabulary_dir.name)
         save_model_atomically(model, directory / MODEL_FILE)
 
-    write_directory_atomically(args.output, fill)
+    with exclusive_writer(args.output, args.wait):
+        write_directory_atomically(args.output, fill)
     names = ", ".join(Path(path).name for path in paths)
     print(f"Averaged {len(paths)} checkpoints ({names}) into {args.output / MODEL_FILE}")
 

@@ -1,16 +1,19 @@
 """Training callbacks: throughput, step checkpoints, safe stops, BLEU on a validation subset."""
 
 import math
+import shutil
 import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 import keras
 import tensorflow as tf
 
+from pipeline.atomic_files import writing
 from pipeline.attention_plot import attention_png
-from pipeline.errors import UserError
+from pipeline.errors import UserError, WriteFailed
 from pipeline.evaluation import score_translations
 
 
@@ -166,7 +169,19 @@ class CheckpointEveryNSteps(keras.callbacks.Callback):
             raise TrainingDiverged("the weights are not finite", step, self.manager)
         self._saved_step = step
         self.before_save()
-        return self.manager.save(checkpoint_number=step)
+        directory = Path(self.manager.directory)
+        try:
+            with writing(directory / f"ckpt-{step}"):
+                return self.manager.save(checkpoint_number=step)
+        except WriteFailed:
+            # TensorFlow leaves its shards behind (ckpt-N_temp/); the last complete
+            # checkpoint stays the latest, for the same command to resume from.
+            for partial in directory.glob(f"*-{step}[._]*"):
+                if partial.is_dir():
+                    shutil.rmtree(partial, ignore_errors=True)
+                else:
+                    partial.unlink(missing_ok=True)
+            raise
 
     def on_train_batch_end(self, batch, logs=None):
         if batch + 1 == self.params.get("steps"):

@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from pipeline.errors import UserError, first_line
+from pipeline.errors import UnusableFileError, UserError, first_line
 from pipeline.schedules import schedule_from_config
 
 
@@ -160,7 +160,7 @@ def average_checkpoints(model, train, paths):
     `train` is the training configuration the checkpoints were written under (it fixes the
     optimizer's layout); a compiled model reads them through its own optimizer, whose state
     is then the last checkpoint's. A checkpoint that does not hold this model is a
-    `UserError`, and then the model is left unchanged.
+    `UnusableFileError`, and then the model is left unchanged.
     """
     if not paths:
         raise UserError("no checkpoints to average")
@@ -176,9 +176,10 @@ def average_checkpoints(model, train, paths):
             try:
                 reader.restore(path).expect_partial().assert_existing_objects_matched()
             except Exception as error:  # the checkpoint reader raises many types
-                raise UserError(
-                    f"{path}: cannot read this model's weights from the checkpoint "
-                    f"({first_line(error)}); nothing was changed"
+                raise UnusableFileError(
+                    path,
+                    f"cannot read this model's weights from the checkpoint "
+                    f"({first_line(error)}); nothing was changed",
                 ) from None
             for accumulated, weight in zip(total, model.get_weights(), strict=True):
                 accumulated += weight

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from pipeline.atomic_files import write_text_atomically
-from pipeline.errors import UserError
+from pipeline.errors import UnusableFileError, UserError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
@@ -499,13 +499,13 @@ def load_config(path=None, overrides=()):
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise UserError(f"{where}: configuration file not found") from None
+        raise UnusableFileError(where, "configuration file not found") from None
     except (OSError, UnicodeDecodeError) as error:
-        raise UserError(f"{where}: cannot read the configuration ({error})") from None
+        raise UnusableFileError(where, f"cannot read the configuration ({error})") from None
     try:
         raw = yaml.safe_load(text) or {}
     except yaml.YAMLError as error:
-        raise UserError(f"{where}: invalid YAML: {error}") from None
+        raise UnusableFileError(where, f"invalid YAML: {error}") from None
     config = defaults()
     _merge(config, raw, where, path.resolve().parent)
     _merge(config, parse_overrides(overrides), "--set", Path.cwd())

@@ -10,6 +10,24 @@ class UserError(Exception):
     """A problem with the user's input (configuration, corpus, work directory)."""
 
 
+class UnusableFileError(UserError):
+    """A file a command or the library needs is missing, unreadable or damaged. The message
+    starts with the file's path, so that a user with several models knows which one."""
+
+    def __init__(self, path, problem):
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+
+
+class WriteFailed(UserError):
+    """Writing a file failed (a full disk, a lost mount, no permission): its path and the
+    system's reason. What was there before is kept; its temporary files are gone."""
+
+    def __init__(self, path, reason):
+        super().__init__(f"cannot write {path}: {reason}")
+        self.path = path
+
+
 EXIT_USER_ERROR = 2
 
 

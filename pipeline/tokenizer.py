@@ -15,7 +15,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from pipeline.atomic_files import atomic_path
-from pipeline.errors import UserError
+from pipeline.errors import UnusableFileError, UserError
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 SPECIAL_PIECES = {
@@ -74,10 +74,14 @@ class Tokenizer:
             self.model_proto = self.model_path.read_bytes()
             processor = sentencepiece.SentencePieceProcessor(model_proto=self.model_proto)
         except (OSError, RuntimeError) as error:
-            raise UserError(f"{model_path}: not a readable SentencePiece model ({error})") from None
+            raise UnusableFileError(
+                model_path, f"not a readable SentencePiece model ({error})"
+            ) from None
         specials = [processor.pad_id(), processor.unk_id(), processor.bos_id(), processor.eos_id()]
         if specials != [PAD_ID, UNK_ID, BOS_ID, EOS_ID]:
-            raise UserError(f"{model_path}: special token ids {specials}, expected 0, 1, 2, 3")
+            raise UnusableFileError(
+                model_path, f"special token ids {specials}, expected 0, 1, 2, 3"
+            )
         self.vocab_size = processor.get_piece_size()
         self.processor = processor  # for piece-level work in Python (n-best, alignments)
         self._tokenizer = tf_text.SentencepieceTokenizer(model=self.model_proto, out_type=tf.int32)

@@ -5,6 +5,7 @@ directory resumes from the last one), then evaluates on the test split.
 """
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from pipeline.config import (
 )
 from pipeline.distribution import EXIT_RESTART, WorkerLost, current_task
 from pipeline.errors import UserError, report_user_errors
-from pipeline.workdir import CONFIG_FILE, MODEL_FILE
+from pipeline.workdir import CONFIG_FILE, MODEL_FILE, exclusive_writer
 
 
 def parse_args(argv):
@@ -37,6 +38,12 @@ def parse_args(argv):
         metavar="DIR",
         help="fine-tune: start from the trained work directory DIR's weights and vocabularies "
         "(the model settings must match), with a fresh optimizer and schedule; DIR is only read",
+    )
+    parser.add_argument(
+        "--wait",
+        action="store_true",
+        help="if another command is writing to the work directory, wait for it to end "
+        "(default: refuse at once)",
     )
     parser.add_argument(
         "--set",
@@ -144,6 +151,13 @@ def main(argv=None):
             f"--init-from {args.init_from} is the work directory; fine-tune into a new one"
         )
     hooks = after_training_hooks(config)
+    # Only the chief writes the work directory; the other workers share it unlocked.
+    chief = current_task(config["distribute"]).is_chief
+    with exclusive_writer(workdir, args.wait, log) if chief else contextlib.nullcontext():
+        return _train(config, workdir, hooks, args.init_from, chief)
+
+
+def _train(config, workdir, hooks, init_from, chief):
     workdir.mkdir(parents=True, exist_ok=True)
     _check_workdir(workdir, config)
     log(f"Work directory: {workdir}")
@@ -152,14 +166,14 @@ def main(argv=None):
     from pipeline.trainer import run
 
     try:
-        history = run(config, workdir, log, init_from=args.init_from)
+        history = run(config, workdir, log, init_from=init_from)
     except WorkerLost as lost:
         log(f"\n{lost}")
         sys.exit(EXIT_RESTART)
     except TrainingInterrupted as stop:
         log(f"\nStopped ({stop}); saved {stop.checkpoint}. Run the same command to resume from it.")
         sys.exit(128 + stop.signum)
-    if current_task(config["distribute"]).is_chief:
+    if chief:
         for hook in hooks:
             hook(workdir, config, log)
     settings = config["export"]

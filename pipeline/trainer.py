@@ -36,7 +36,7 @@ from pipeline.dataset import (
     with_known_length,
 )
 from pipeline.distribution import WorkerLost, current_task, make_strategy, take_chiefs_state
-from pipeline.errors import UserError, first_line
+from pipeline.errors import UnusableFileError, UserError, first_line
 from pipeline.evaluation import score_translations
 from pipeline.model_builder import build_model
 from pipeline.schedules import schedule_from_config
@@ -115,16 +115,18 @@ def _validation_data(config, corpus, tokenizers, log):
 
 
 def _restore(checkpoint, manager):
-    """Restores the latest checkpoint, if any; a damaged or foreign one is a `UserError`."""
+    """Restores the latest checkpoint, if any; a damaged or foreign one is an
+    `UnusableFileError`."""
     path = manager.latest_checkpoint
     if not path:
         return False
     try:
         checkpoint.restore(path).assert_existing_objects_matched()
     except Exception as error:  # the checkpoint reader raises many types for a damaged file
-        raise UserError(
-            f"{path}: cannot restore this checkpoint: it is damaged or belongs to another model "
-            f"or vocabulary ({first_line(error)}); nothing was changed"
+        raise UnusableFileError(
+            path,
+            "cannot restore this checkpoint: it is damaged or belongs to another model or "
+            f"vocabulary ({first_line(error)}); nothing was changed",
         ) from None
     return True
 

@@ -1,13 +1,18 @@
 """The layout of a work directory, and loading what training left in it."""
 
+import contextlib
+import fcntl
 import os
 import shutil
+import socket
+import sys
 import tempfile
+import time
 from pathlib import Path
 
-from pipeline.atomic_files import atomic_path
+from pipeline.atomic_files import atomic_path, writing
 from pipeline.config import load_config
-from pipeline.errors import UserError, first_line
+from pipeline.errors import UnusableFileError, UserError, first_line
 
 CONFIG_FILE = "config.yaml"
 MODEL_FILE = "model.keras"
@@ -15,6 +20,71 @@ CHECKPOINT_DIR = "checkpoints"
 LOG_DIR = "logs"
 TEST_REPORT = "test_report.json"
 TEST_TRANSLATIONS = "test_translations.txt"
+LOCK_FILE = ".lock"  # the writers' advisory lock; its text names the holder
+
+_held_locks = {}  # resolved directory -> (open lock file, nesting depth), in this process
+
+
+def _holder(handle):
+    handle.seek(0)
+    return handle.read().strip() or "another process"
+
+
+def _this_command():
+    """This process's command line as typed: `python -m pipeline.train --config X`."""
+    program, *arguments = sys.argv or ["-c"]
+    path = Path(program)
+    if path.parent.name in ("pipeline", "export"):
+        module = path.parent.name if path.stem == "__main__" else f"{path.parent.name}.{path.stem}"
+        program = f"-m {module}"
+    return " ".join(["python", program, *arguments])
+
+
+@contextlib.contextmanager
+def exclusive_writer(directory, wait=False, log=print):
+    """Holds the directory's writer lock for the block: one process at a time trains,
+    averages or exports into a work directory. An advisory lock (`flock`) on `LOCK_FILE`,
+    released by the operating system when the process ends however it ends, so a crash
+    leaves no stale lock. Another holder: `UserError` naming it, nothing written (or with
+    `wait`, a wait for it). Reentrant within a process (training's export after training).
+    Readers take no lock: every file they read is replaced atomically."""
+    directory = Path(directory)
+    key = directory.resolve()
+    if key in _held_locks:
+        handle, depth = _held_locks[key]
+        _held_locks[key] = handle, depth + 1
+        try:
+            yield
+        finally:
+            _held_locks[key] = handle, depth
+        return
+    with writing(directory / LOCK_FILE):
+        directory.mkdir(parents=True, exist_ok=True)
+        handle = open(directory / LOCK_FILE, "a+", encoding="utf-8")
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(handle)
+            if not wait:
+                raise UserError(
+                    f"{directory} is in use by {holder}; wait for it to end (--wait queues "
+                    "behind it) or use another directory"
+                ) from None
+            log(f"Waiting for {holder} to finish with {directory}")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        started = time.strftime("%Y-%m-%d %H:%M:%S")
+        with writing(directory / LOCK_FILE):
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"{_this_command()} (host {socket.gethostname()}, pid {os.getpid()}, "
+                         f"since {started})\n")  # fmt: skip
+            handle.flush()
+        _held_locks[key] = handle, 0
+        try:
+            yield
+        finally:
+            del _held_locks[key]
 
 
 def save_model_atomically(model, path):
@@ -26,22 +96,24 @@ def write_directory_atomically(path, fill):
     """Creates the directory `path` by `fill(tmp)` on a temporary sibling, then renames it.
 
     An interrupted write leaves only a hidden `.NAME.tmp-*` sibling, never a partial `path`
-    (TF Serving, for one, ignores non-numeric names). An existing `path` is replaced only
-    once the new one is complete.
+    (TF Serving, for one, ignores non-numeric names), and a failed one (a full disk) nothing:
+    it raises `WriteFailed`. An existing `path` is replaced only once the new one is complete.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     tmp.chmod(0o755)  # mkdtemp's 0700 would hide the result from a server running as another user
     try:
-        fill(tmp)
-        if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
-            os.replace(path, old / path.name)
-            os.replace(tmp, path)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, path)
+        with writing(path):
+            fill(tmp)
+            if path.exists():
+                old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+                os.replace(path, old / path.name)
+                os.replace(tmp, path)
+                shutil.rmtree(old)
+            else:
+                os.replace(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -67,7 +139,9 @@ def load_trained(workdir):
         # safe_mode: a model file may not run code (no lambdas) on loading.
         model = keras.saving.load_model(model_path, compile=False, safe_mode=True)
     except Exception as error:  # Keras raises many types for a damaged file
-        raise UserError(f"{model_path}: cannot load the model ({first_line(error)})") from None
+        raise UnusableFileError(
+            model_path, f"cannot load the model ({first_line(error)})"
+        ) from None
     for tokenizer, size in (
         (source_tokenizer, model.source_vocab_size),
         (target_tokenizer, model.target_vocab_size),

@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -108,3 +109,43 @@ def search_onnx(session, source_ids, **options):
 def padded_ids(workdir, sentences):
     _, _, source_tokenizer, _ = load_trained(workdir)
     return source_tokenizer.tokenize(tf.constant(sentences)).to_tensor(0).numpy()
+
+
+# Training commands in subprocesses (the tests of interrupted and concurrent work).
+
+
+SMOKE = PROJECT_ROOT / "configs" / "smoke.yaml"
+STEPS_PER_EPOCH = 60
+
+
+def train_command(workdir, *overrides):
+    """The smoke recipe, 2 epochs of `STEPS_PER_EPOCH` steps, a checkpoint every 10."""
+    return [
+        sys.executable, "-m", "pipeline.train", "--config", str(SMOKE), "--workdir", str(workdir),
+        "--set", f"train.steps_per_epoch={STEPS_PER_EPOCH}", "--set", "train.epochs=2",
+        "--set", "train.checkpoint_every_steps=10", "--set", "train.keep_checkpoints=20",
+        "--set", "train.bleu_every_epochs=0", *overrides,
+    ]  # fmt: skip
+
+
+def start(command):
+    """`command` in the project root, its output on `stdout`, TensorFlow's log quiet."""
+    return subprocess.Popen(
+        command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )  # fmt: skip
+
+
+def checkpoint_steps(workdir):
+    state = tf.train.get_checkpoint_state(str(workdir / "checkpoints"))
+    return [int(p.rsplit("-", 1)[1]) for p in state.all_model_checkpoint_paths] if state else []
+
+
+def wait_for_checkpoint(workdir, step, process, timeout=240):
+    """Waits until the manager has recorded `step`'s checkpoint (its save has returned, so
+    training is past that step's callbacks), not merely until its files appear."""
+    deadline = time.monotonic() + timeout
+    while step not in checkpoint_steps(workdir):
+        assert process.poll() is None, process.stdout.read()
+        assert time.monotonic() < deadline, "no checkpoint in time"
+        time.sleep(0.05)

@@ -4,15 +4,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from helpers import SMOKE
 from pipeline import average, train
 from pipeline.checkpoints import average_checkpoints, make_optimizer, training_checkpoint
-from pipeline.config import PROJECT_ROOT, load_config
+from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.model_builder import build_model
 from pipeline.workdir import load_trained
-
-SMOKE = PROJECT_ROOT / "configs" / "smoke.yaml"
-
 
 TRAIN = load_config(SMOKE)["train"]
 

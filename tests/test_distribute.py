@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from helpers import SMOKE
 from pipeline.checkpoints import EARLY_STOPPING
 from pipeline.config import PROJECT_ROOT, load_config
 from pipeline.distribution import EXIT_RESTART, SCRATCH_DIR, Task, current_task
 from pipeline.errors import UserError
 
-SMOKE = PROJECT_ROOT / "configs" / "smoke.yaml"
 QUICK = ["--set", "train.bleu_every_epochs=0", "--set", "data.test_source=null",
          "--set", "data.test_target=null"]  # fmt: skip
 

@@ -32,6 +32,7 @@ from helpers import (
     search_saved_model,
 )
 from pipeline.config import PROJECT_ROOT
+from pipeline.errors import UnusableFileError
 from pipeline.search import beam_search, decode_length_limits, greedy_search
 from pipeline.tokenizer import EOS_ID, PAD_ID
 from pipeline.translation import SearchOptions, Translator
@@ -362,7 +363,7 @@ def test_a_missing_int8_model_is_named(out, tmp_path):
     metadata_file = tmp_path / "onnx" / "model.json"
     metadata = json.loads(metadata_file.read_text())
     metadata_file.write_text(json.dumps({**metadata, "int8_model": None}))
-    with pytest.raises(FileNotFoundError, match="onnx_int8"):
+    with pytest.raises(UnusableFileError, match="onnx_int8"):
         OnnxTranslator(tmp_path, int8=True)
     assert OnnxTranslator(tmp_path).translate(["Ein Hund."])
 

@@ -17,12 +17,20 @@ import pytest
 import tensorflow as tf
 
 from export.runtime import OnnxTranslator
-from helpers import real_sentences
+from helpers import (
+    SMOKE,
+    STEPS_PER_EPOCH,
+    checkpoint_steps,
+    real_sentences,
+    start,
+    train_command,
+    wait_for_checkpoint,
+)
 from pipeline import callbacks as training_callbacks
 from pipeline import train, trainer, translate
 from pipeline.config import PROJECT_ROOT, load_config
 from pipeline.errors import UserError
-from pipeline.workdir import load_trained
+from pipeline.workdir import LOCK_FILE, load_trained
 
 HOSTILE = [
     "",
@@ -34,7 +42,6 @@ HOSTILE = [
     "Ein Hund läuft über eine Wiese.",
 ]
 EMPTY = {0, 1}
-SMOKE = PROJECT_ROOT / "configs" / "smoke.yaml"
 CAP = 20  # decode.max_length_cap of the smoke config
 
 
@@ -172,7 +179,10 @@ def copy_workdir(workdir, tmp_path):
 
 
 def snapshot(directory):
-    return {p: p.read_bytes() for p in Path(directory).rglob("*") if p.is_file()}
+    """Every file's content, but the writer lock's note of its last holder."""
+    return {
+        p: p.read_bytes() for p in Path(directory).rglob("*") if p.is_file() and p.name != LOCK_FILE
+    }
 
 
 def test_a_vocabulary_of_another_model_is_refused(workdir, tmp_path, capsys):
@@ -372,40 +382,6 @@ def test_a_signal_at_an_epochs_last_step_lets_the_epoch_end_first(tmp_path):
 
 
 # Interrupted work (subprocesses; slow).
-
-
-STEPS_PER_EPOCH = 60
-
-
-def train_command(workdir, *overrides):
-    return [
-        sys.executable, "-m", "pipeline.train", "--config", str(SMOKE), "--workdir", str(workdir),
-        "--set", f"train.steps_per_epoch={STEPS_PER_EPOCH}", "--set", "train.epochs=2",
-        "--set", "train.checkpoint_every_steps=10", "--set", "train.keep_checkpoints=20",
-        "--set", "train.bleu_every_epochs=0", *overrides,
-    ]  # fmt: skip
-
-
-def start(command):
-    return subprocess.Popen(
-        command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
-    )  # fmt: skip
-
-
-def checkpoint_steps(workdir):
-    state = tf.train.get_checkpoint_state(str(workdir / "checkpoints"))
-    return [int(p.rsplit("-", 1)[1]) for p in state.all_model_checkpoint_paths] if state else []
-
-
-def wait_for_checkpoint(workdir, step, process, timeout=240):
-    """Waits until the manager has recorded `step`'s checkpoint (its save has returned, so
-    training is past that step's callbacks), not merely until its files appear."""
-    deadline = time.monotonic() + timeout
-    while step not in checkpoint_steps(workdir):
-        assert process.poll() is None, process.stdout.read()
-        assert time.monotonic() < deadline, "no checkpoint in time"
-        time.sleep(0.05)
 
 
 def finish(workdir):

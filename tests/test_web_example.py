@@ -104,6 +104,19 @@ def test_the_page_says_when_it_cannot_load_the_model(tools, exported_workdir, tm
     assert "Cannot load the model from /model/: /model/model.onnx: 404 Not Found" in result.stderr
 
 
+def test_the_page_names_a_damaged_file_of_the_export(tools, exported_workdir, tmp_path):
+    node, chromium = tools
+    shutil.copytree(exported_workdir / "export" / "onnx", tmp_path, dirs_exist_ok=True)
+    (tmp_path / "model.json").write_text('{"model": "model.onnx",')  # cut short
+    with serving(node, tmp_path) as address:
+        result = drive(node, chromium, address, ["Ein Hund."])
+    assert result.returncode != 0
+    assert (
+        "Cannot load the model from /model/: /model/model.json: cannot load the export's "
+        "description (" in result.stderr
+    ), result.stderr
+
+
 def test_the_server_refuses_a_directory_without_a_model(tools, tmp_path):
     node, _ = tools
     result = subprocess.run(

@@ -30,16 +30,45 @@ function parseArgs(argv) {
   return args;
 }
 
+// Loads one file of the export; a missing or damaged file is named in the error, so that a
+// user with several exports knows which one is broken.
+async function loadFile(file, what, load) {
+  try {
+    return await load(file);
+  } catch (error) {
+    const reason = String(error?.message ?? error).split("\n")[0];
+    throw new Error(`${file}: cannot load the ${what} (${reason})`);
+  }
+}
+
+const REQUIRED_KEYS = ["model", "source_vocabulary", "target_vocabulary", "special_ids",
+  "max_source_length", "option_dtypes"];
+
+// The package ignores a failed load (its processor then encodes nothing): a probe tells.
+async function loadProcessor(file) {
+  const processor = new SentencePieceProcessor();
+  await processor.load(file);
+  if (processor.encodeIds("a").length === 0) throw new Error("not a SentencePiece model");
+  return processor;
+}
+
 async function loadTranslator(directory) {
-  const metadata = JSON.parse(fs.readFileSync(path.join(directory, "model.json"), "utf8"));
+  const metadataFile = path.join(directory, "model.json");
+  const metadata = await loadFile(metadataFile, "export's description", (file) =>
+    JSON.parse(fs.readFileSync(file, "utf8")),
+  );
+  const missing = REQUIRED_KEYS.filter((key) => !(key in metadata));
+  if (missing.length > 0) {
+    throw new Error(`${metadataFile}: no "${missing[0]}": export the model again (python -m export)`);
+  }
   // logSeverityLevel 3: the search settings are inputs with defaults by design, not a problem.
-  const session = await ort.InferenceSession.create(path.join(directory, metadata.model), {
-    logSeverityLevel: 3,
-  });
-  const source = new SentencePieceProcessor();
-  await source.load(path.join(directory, metadata.source_vocabulary));
-  const target = new SentencePieceProcessor();
-  await target.load(path.join(directory, metadata.target_vocabulary));
+  const session = await loadFile(path.join(directory, metadata.model), "ONNX model", (file) =>
+    ort.InferenceSession.create(file, { logSeverityLevel: 3 }),
+  );
+  const source = await loadFile(path.join(directory, metadata.source_vocabulary), "vocabulary",
+    loadProcessor);
+  const target = await loadFile(path.join(directory, metadata.target_vocabulary), "vocabulary",
+    loadProcessor);
   return { metadata, session, source, target };
 }
 
@@ -69,5 +98,11 @@ async function translate({ metadata, session, source, target }, sentences, optio
 }
 
 const args = parseArgs(process.argv.slice(2));
-const translator = await loadTranslator(args.directory);
+let translator;
+try {
+  translator = await loadTranslator(args.directory);
+} catch (error) {
+  console.error(`error: ${error.message}`);
+  process.exit(2);
+}
 for (const line of await translate(translator, args.sentences, args.options)) console.log(line);

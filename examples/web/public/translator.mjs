@@ -16,10 +16,24 @@ async function fetchText(url) {
   return new TextDecoder().decode(await fetchBytes(url));
 }
 
+// Loads one file of the export; an error names the file (its path on the server), so that a
+// damaged export says which of its files is broken.
+async function loadFile(url, what, load) {
+  try {
+    return await load(url);
+  } catch (error) {
+    const reason = String(error?.message ?? error).split("\n")[0];
+    const name = new URL(url).pathname;
+    throw new Error(reason.startsWith(name) ? reason : `${name}: cannot load the ${what} (${reason})`);
+  }
+}
+
+// The package ignores a failed load (its processor then encodes nothing): a probe tells.
 async function loadProcessor(url) {
   const processor = new SentencePieceProcessor();
   await fetchFile(url);
   await processor.load(url);
+  if (processor.encodeIds("a").length === 0) throw new Error("not a SentencePiece model");
   return processor;
 }
 
@@ -38,26 +52,29 @@ export function pieceLabel(piece) {
 export class Translator {
   // `base`: the URL of an export's onnx/ directory, ending in "/".
   static async load(base) {
-    const metadata = JSON.parse(await fetchText(new URL("model.json", base).href));
+    const url = (name) => new URL(name, base).href;
+    const metadata = await loadFile(url("model.json"), "export's description", async (file) =>
+      JSON.parse(await fetchText(file)),
+    );
     const missing = REQUIRED_KEYS.filter((key) => !(key in metadata));
     if (missing.length > 0) {
-      throw new Error(`model.json has no ${missing[0]}: export the model again (python -m export)`);
+      throw new Error(`${new URL(url("model.json")).pathname}: no "${missing[0]}": export the ` +
+        "model again (python -m export)");
     }
-    const url = (name) => new URL(name, base).href;
     const optionNames = Object.keys(metadata.defaults);
     // All settled, so that a missing file is reported in this order whatever loads first.
     const loaded = await Promise.allSettled([
-      fetchBytes(url(metadata.model)).then((bytes) =>
+      loadFile(url(metadata.model), "ONNX model", async (file) =>
         // logSeverityLevel 3: target_prefix is an input with a default by design, not a problem.
-        ort.InferenceSession.create(dropInitializers(bytes, optionNames), {
+        ort.InferenceSession.create(dropInitializers(await fetchBytes(file), optionNames), {
           executionProviders: ["wasm"],
           logSeverityLevel: 3,
         }),
       ),
-      loadProcessor(url(metadata.source_vocabulary)),
-      loadProcessor(url(metadata.target_vocabulary)),
-      loadPieces(url(metadata.source_vocabulary)),
-      loadPieces(url(metadata.target_vocabulary)),
+      loadFile(url(metadata.source_vocabulary), "vocabulary", loadProcessor),
+      loadFile(url(metadata.target_vocabulary), "vocabulary", loadProcessor),
+      loadFile(url(metadata.source_vocabulary), "vocabulary", loadPieces),
+      loadFile(url(metadata.target_vocabulary), "vocabulary", loadPieces),
     ]);
     const failed = loaded.find(({ status }) => status === "rejected");
     if (failed) throw failed.reason;
