@@ -35,6 +35,7 @@ or PyTorch: every toolkit runs in its own subprocess and venv.
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -137,21 +138,13 @@ GRU_BAHDANAU = Family(
         "(ours 256); its Bahdanau score is `mlp`",
     ),
 )
-LSTM_LUONG = Family(
+LSTM_LUONG = dataclasses.replace(
+    GRU_BAHDANAU,
     name="rnn_lstm_luong",
-    recipe="configs/default.yaml",
-    model={
-        "cell_type": "lstm",
-        "attention": "luong_general",
-        "input_feeding": True,
-        "decoder_units": 512,
-    },  # fmt: skip
-    shared_vocabulary=False,
-    vocab_size=4000,
-    max_length=60,
-    batch={"sentences": 64},
+    model={"cell_type": "lstm", "attention": "luong_general", "input_feeding": True,
+           "decoder_units": 512},
     differences=("OpenNMT-tf: tfa's Luong attention has no learned scale on the score",),
-)
+)  # fmt: skip
 FAMILIES = {f.name: f for f in (TRANSFORMER, GRU_BAHDANAU, LSTM_LUONG)}
 
 
@@ -212,7 +205,7 @@ def data_paths(root):
     }
 
 
-def our_environment(threads):
+def our_environment():
     return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(PROJECT_ROOT)}
 
 
@@ -268,7 +261,7 @@ def build_vocabularies(family, root):
         config["train"].pop(key, None)
     path = write_yaml(root / "data" / f"{family.name}-vocabularies.yaml", config)
     checked([sys.executable, "-m", "pipeline.train", "--config", path, "--workdir", workdir],
-            root / "logs" / f"vocabularies-{family.name}.log", env=our_environment(2))  # fmt: skip
+            root / "logs" / f"vocabularies-{family.name}.log", env=our_environment())  # fmt: skip
     return models
 
 
@@ -557,7 +550,7 @@ TOOLKIT_RUNS = {
 
 def environment(toolkit, threads):
     if toolkit not in PEERS:
-        return our_environment(threads)
+        return our_environment()
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
     if toolkit == "opennmt-py":
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
@@ -663,12 +656,12 @@ def ours_quality(family, root, workdir, seconds, threads):
             "train": {"time_budget_hours": seconds / 3600, "epochs": 1000}})  # fmt: skip
         checked(pinned([sys.executable, "-m", "pipeline.train", "--config", config,
                         "--workdir", workdir], threads),
-                workdir / "train.log", env=our_environment(threads))  # fmt: skip
+                workdir / "train.log", env=our_environment())  # fmt: skip
     for split in ("valid", "test"):
         checked(pinned([sys.executable, "-m", "pipeline.translate", "--workdir", workdir,
                         "--input", data_paths(root)[split][SOURCE], "--beam-size", BEAM_SIZE,
                         "--output", workdir / f"{split}.translations"], threads),
-                workdir / "translate.log", env=our_environment(threads))  # fmt: skip
+                workdir / "translate.log", env=our_environment())  # fmt: skip
 
 
 def opennmt_tf_quality(family, root, workdir, seconds, threads):
@@ -742,7 +735,7 @@ def ctranslate2_models(family, root):
     if not (ours / "export" / "ctranslate2").exists():
         checked([sys.executable, "-m", "export", "--workdir", ours,
                  "--formats", "onnx,ctranslate2"], ours / "export.log",
-                env=our_environment(2))  # fmt: skip
+                env=our_environment())  # fmt: skip
     models["ours"] = ours / "export" / "ctranslate2"
     opennmt_tf = quality_dir / "opennmt-tf"
     if not (opennmt_tf / "ctranslate2").exists():
