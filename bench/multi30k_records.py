@@ -75,7 +75,9 @@ def score(loaded, split, beam_size=None, length_penalty=None):
     from pipeline.evaluate import translate_split
     from pipeline.evaluation import score_translations
 
-    _, corpus, hypotheses, options = translate_split(loaded, split, beam_size, length_penalty)
+    _, corpus, hypotheses, options = translate_split(
+        loaded, split, beam_size=beam_size, length_penalty=length_penalty
+    )
     report = score_translations(hypotheses, corpus.targets)
     language = model_languages(loaded[0]["data"]).get("target", "en")
     report["bleu_tok_lc"] = round(tokenized_lowercase_bleu(hypotheses, corpus.targets, language), 2)

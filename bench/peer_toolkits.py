@@ -617,10 +617,12 @@ def steady_steps_per_second(root, family, toolkit, threads):
 # --- quality -------------------------------------------------------------------------------
 
 
-def quality(root, families, minutes, threads):
+def quality(root, families, minutes, threads, toolkits=TOOLKITS):
+    """Each toolkit in turn, in the order of `toolkits`: the peers stop at a step count, so
+    only our run, which stops at a time, needs the machine to itself."""
     for family in families:
         build_vocabularies(family, root)
-        for toolkit in TOOLKITS:
+        for toolkit in toolkits:
             keys = ["quality", family.name, toolkit]
             if load_results(root).get("quality", {}).get(family.name, {}).get(toolkit):
                 print(f"{family.name}, {toolkit}: trained and scored before, skipped")
@@ -889,6 +891,8 @@ def main(argv=None):
     quality_parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
     quality_parser.add_argument("--minutes", type=float, default=30)
     quality_parser.add_argument("--threads", type=int, default=2)
+    quality_parser.add_argument("--toolkits", nargs="+", default=list(TOOLKITS), choices=TOOLKITS,
+                                help="the order they train in")  # fmt: skip
     inference_parser = sub.add_parser("inference", help="translation speed of quality's models")
     inference_parser.add_argument("--family", default="transformer", choices=["transformer"])
     inference_parser.add_argument("--sentences", type=int, default=1000)
@@ -909,7 +913,8 @@ def main(argv=None):
         report(root)
     elif args.command == "quality":
         install_peers(root)
-        quality(root, [FAMILIES[f] for f in args.families], args.minutes, args.threads)
+        quality(root, [FAMILIES[f] for f in args.families], args.minutes, args.threads,
+                args.toolkits)  # fmt: skip
         report(root)
     elif args.command == "inference":
         inference(root, FAMILIES[args.family], args.sentences, args.rounds, args.threads)

@@ -6,7 +6,7 @@ quantised dynamically by onnxruntime: faster, with translations that may differ 
 little), the source and target SentencePiece vocabularies (`.model` and plain `.vocab`) and
 `model.json`: special token ids, the search options' defaults and dtypes, the file names and the
 languages (`pipeline.config.model_languages`: the sides known).
-The scalar inputs (`export.signature.SEARCH_OPTIONS`) carry their defaults as initializers,
+The scalar inputs (`pipeline.search_options.EXPORTED_OPTIONS`) carry their defaults as initializers,
 so ONNX Runtime lets a caller leave them out.
 """
 
@@ -21,7 +21,8 @@ import onnx
 import tf2onnx
 
 from export.onnx_rewrites import optimise_loops
-from export.signature import METADATA_FILE, SEARCH_OPTIONS, TARGET_PREFIX
+from export.signature import METADATA_FILE, TARGET_PREFIX
+from pipeline.search_options import EXPORTED_OPTIONS
 from pipeline.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 MODEL_FILE = "model.onnx"
@@ -32,7 +33,7 @@ FORMAT_VERSION = 1
 def _add_input_defaults(model, defaults):
     """Gives each search option and the target prefix (none) an initializer: ONNX Runtime
     then treats them as optional."""
-    for option in SEARCH_OPTIONS:
+    for option in EXPORTED_OPTIONS:
         array = np.array(defaults[option.name], dtype=option.dtype)
         model.graph.initializer.append(onnx.numpy_helper.from_array(array, option.name))
     no_prefix = np.zeros((0, 0), np.int32)
@@ -65,7 +66,7 @@ def _environment_variable(name, value):
 def convert_to_onnx(function, opset):
     """tf2onnx's conversion of a `tf.function` with an input signature. By default tf2onnx
     runs each of its optimiser passes on a deep copy of the graph, to fall back on if the pass
-    fails: nearly half the passes' time on the beam search (bench/RESULTS.md). The passes
+    fails, which costs the beam search's large graph much of the passes' time. The passes
     run in place first, and on copies only if one of them fails."""
     convert = functools.partial(
         tf2onnx.convert.from_function,
@@ -104,7 +105,7 @@ def write_onnx(graph, directory, vocabulary_paths, opset, int8=True, languages=N
         "languages": languages or {},
         "special_ids": {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID},
         "defaults": graph.defaults,
-        "option_dtypes": {option.name: option.dtype for option in SEARCH_OPTIONS},
+        "option_dtypes": {option.name: option.dtype for option in EXPORTED_OPTIONS},
         "max_source_length": graph.max_source_length,
         "max_length_cap": graph.max_length_cap,
         "inputs": [node.name for node in model.graph.input],

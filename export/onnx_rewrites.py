@@ -22,15 +22,19 @@ def optimise_loops(graph):
     }
 
 
+def _node_graphs(node):
+    """The graphs in `node`'s attributes (a `Loop`'s body, an `If`'s branches)."""
+    return [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
+
+
 def _scopes(graph, enclosing=()):
     """For `graph` and every graph nested in it: the graph with those enclosing it, innermost
     last."""
     scopes = (*enclosing, graph)
     yield scopes
     for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from _scopes(attribute.g, scopes)
+        for inner in _node_graphs(node):
+            yield from _scopes(inner, scopes)
 
 
 def subgraphs(graph):
@@ -53,11 +57,9 @@ def _constants(scopes):
 
 def _rename_input(graph, old, new):
     """Makes every node of `graph` and of its subgraphs read `new` where it read `old`."""
-    for node in graph.node:
-        node.input[:] = [new if name == old else name for name in node.input]
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                _rename_input(attribute.g, old, new)
+    for inner in subgraphs(graph):
+        for node in inner.node:
+            node.input[:] = [new if name == old else name for name in node.input]
 
 
 def _delete(field, positions):
@@ -78,15 +80,17 @@ def hoist_loop_invariants(graph):
     reference to the value outside the loop; returns how many there were.
 
     tf2onnx carries every captured tensor this way: the weights, the encoded source, the
-    search settings. ONNX Runtime handles each carried value at every iteration, so at batch
-    1 the beam search spent about a quarter of its time passing them on (bench/RESULTS.md).
+    search settings. ONNX Runtime handles each carried value at every iteration, which at
+    small batches costs the beam search a large share of its time.
     """
     hoisted = 0
-    for node in graph.node:
+    # Outermost first: an outer loop's renaming reaches the loops inside it before they are
+    # looked at (nodes are only rewired, never added or removed, while `subgraphs` walks).
+    for node, owner in ((n, g) for g in subgraphs(graph) for n in g.node):
         if node.op_type == "Loop":
             body = node.attribute[0].g
             carried = len(node.input) - 2  # after the trip count and the condition
-            graph_outputs = {output.name for output in graph.output}
+            graph_outputs = {output.name for output in owner.output}
             invariant = [
                 node.input[2 + k]
                 and body.output[1 + k].name == body.input[2 + k].name
@@ -95,7 +99,7 @@ def hoist_loop_invariants(graph):
             ]
             for k in (k for k in range(carried) if invariant[k]):
                 _rename_input(body, body.input[2 + k].name, node.input[2 + k])
-                _rename_input(graph, node.output[k], node.input[2 + k])
+                _rename_input(owner, node.output[k], node.input[2 + k])
             kept = [k for k in range(carried) if not invariant[k]]
             node.input[:] = node.input[:2] + [node.input[2 + k] for k in kept]
             node.output[:] = [node.output[k] for k in kept] + node.output[carried:]
@@ -105,9 +109,6 @@ def hoist_loop_invariants(graph):
                 body.output[:1] + [body.output[1 + k] for k in kept] + body.output[1 + carried :],
             )
             hoisted += sum(invariant)
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                hoisted += hoist_loop_invariants(attribute.g)
     return hoisted
 
 
@@ -117,9 +118,9 @@ def _reads(outputs, nodes):
     reads = collections.Counter(output.name for output in outputs)
     for node in nodes:
         reads.update(node.input)
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                reads += _reads(attribute.g.output, attribute.g.node)
+        for inner in (g for body in _node_graphs(node) for g in subgraphs(body)):
+            reads.update(output.name for output in inner.output)
+            reads.update(name for inner_node in inner.node for name in inner_node.input)
     return reads
 
 

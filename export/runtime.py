@@ -122,14 +122,13 @@ def session_options(intra_op_threads=None, inter_threads=1):
 class OnnxTranslator:
     """An exported model (`OUT` or `OUT/onnx`) in ONNX Runtime, with its vocabularies.
 
-    `int8=True` loads `model.int8.onnx`, the model with int8 weights: faster on a CPU (beam
-    search on the default model: 1.1x to 2x the float model, bench/RESULTS.md), with
+    `int8=True` loads `model.int8.onnx`, the model with int8 weights: faster on a CPU, with
     translations that may differ a little from the float model's.
 
     `inter_threads` batches run at once, each on `intra_op_threads` threads (by default the
     CPUs shared among them). One batch at a time with every CPU is the fastest for a single
     sentence; batches side by side on one CPU each give more sentences/s, as the search's many
-    small kernels cannot use a second CPU (bench/RESULTS.md).
+    small kernels cannot use a second CPU.
     """
 
     def __init__(self, path, intra_op_threads=None, batch_size=64, int8=False, inter_threads=1):
@@ -181,9 +180,10 @@ class OnnxTranslator:
             batch[r, : len(ids)] = ids
         return batch
 
-    def translate_ids(self, source_ids, target_prefixes=None, **options):
+    def translate_ids(self, source_ids, target_prefixes=None, progress=None, **options):
         """For each id list, its `n_best` hypotheses as (target ids without </s>, score);
-        each starts with its `target_prefixes` ids where given."""
+        each starts with its `target_prefixes` ids where given. `progress(n)` is called as
+        each batch of n sentences is done."""
         results = [None] * len(source_ids)
         batches = list(length_sorted_batches([len(ids) for ids in source_ids], self.batch_size))
 
@@ -204,29 +204,32 @@ class OnnxTranslator:
                     (self._strip(ids), float(score))
                     for ids, score in zip(output["ids"][row], output["scores"][row])
                 ]
+            if progress is not None:
+                progress(len(indices))
         return results
 
     def _prefix_ids(self, target_prefix):
         return None if target_prefix is None else self.target.encode(list(target_prefix))
 
-    def translate(self, sentences, target_prefix=None, **options):
-        """The best translation of each sentence, as text ("" for an empty sentence).
+    def translate(self, sentences, target_prefix=None, progress=None, **options):
+        """The best translation of each sentence, as text ("" for an empty sentence), as
+        `pipeline.translation.Translator.translate` gives it.
 
         `target_prefix`: a text per sentence ("" for none) that its translation must start
-        with. Options (each may be omitted, for the exported default): `beam_size`,
-        `length_penalty`, `max_length` (0: from each sentence's own length),
-        `no_repeat_ngram_size`; see `export.signature.SEARCH_OPTIONS`.
+        with. Options: any of `pipeline.search_options.EXPORTED_OPTIONS`, each omitted
+        taking the exported default.
         """
         hypotheses = self.translate_ids(
-            self.encode(sentences), self._prefix_ids(target_prefix), **options
+            self.encode(sentences), self._prefix_ids(target_prefix), progress, **options
         )
         return [self.target.decode(best[0][0]) for best in hypotheses]
 
-    def translate_n_best(self, sentences, n_best, target_prefix=None, **options):
+    def translate_n_best(self, sentences, n_best, target_prefix=None, progress=None, **options):
         """The `n_best` (text, score) pairs of each sentence, best first."""
         hypotheses = self.translate_ids(
-            self.encode(sentences), self._prefix_ids(target_prefix), n_best=n_best, **options
-        )
+            self.encode(sentences), self._prefix_ids(target_prefix), progress, n_best=n_best,
+            **options,
+        )  # fmt: skip
         return [[(self.target.decode(ids), score) for ids, score in h] for h in hypotheses]
 
     def _strip(self, ids):

@@ -6,6 +6,7 @@ reads but the session-based loader of TF Serving and `saved_model_cli run` canno
 Search runs on the model's step function (`pipeline.search`), as it does in process.
 """
 
+import dataclasses
 import inspect
 
 import tensorflow as tf
@@ -13,23 +14,25 @@ import tensorflow_text as tf_text
 
 from export.signature import (
     BEAM_SEARCH,
-    MAX_BEAM_SIZE,
-    SEARCH_OPTIONS,
     SEARCH_OUTPUTS,
     SENTENCES,
     SERVING_DEFAULT,
     SOURCE_IDS,
     TARGET_PREFIX,
     WITH_PREFIX,
-    search_defaults,
 )
-from pipeline.search import beam_search, blank_empty_sources, decode_length_limits
+from pipeline.search import search as run_search
+from pipeline.search_options import (
+    EXPORTED_OPTIONS,
+    SearchOptions,
+    exported_defaults,
+)
 from pipeline.tokenizer import PAD_ID, UNK_ID
 
 
 def _search_signature(search, defaults):
     """`search(source_ids, target_prefix, **options)` as a `tf.function` whose inputs are
-    `SOURCE_IDS`, `TARGET_PREFIX` (default: none) and the `SEARCH_OPTIONS`, each with its
+    `SOURCE_IDS`, `TARGET_PREFIX` (default: none) and the `EXPORTED_OPTIONS`, each with its
     default (a tensor default becomes the SignatureDef's default, so that a request may leave
     the input out)."""
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
@@ -40,7 +43,7 @@ def _search_signature(search, defaults):
         ]
         + [
             inspect.Parameter(o.name, kind, default=tf.constant(defaults[o.name]))
-            for o in SEARCH_OPTIONS
+            for o in EXPORTED_OPTIONS
         ]
     )
 
@@ -53,7 +56,7 @@ def _search_signature(search, defaults):
     input_signature = [
         tf.TensorSpec([None, None], tf.int32, name=SOURCE_IDS),
         tf.TensorSpec([None, None], tf.int32, name=TARGET_PREFIX),
-    ] + [tf.TensorSpec([], o.dtype, name=o.name) for o in SEARCH_OPTIONS]
+    ] + [tf.TensorSpec([], o.dtype, name=o.name) for o in EXPORTED_OPTIONS]
     return tf.function(search_with_options, input_signature=input_signature)
 
 
@@ -61,7 +64,7 @@ class TranslationGraph(tf.Module):
     """Signatures of a trained model, with the decoding defaults of its configuration.
 
     `beam_search`: source ids int32 `[batch, src_len]` (right-padded with 0) and the optional
-    scalars of `export.signature.SEARCH_OPTIONS` -> `ids` int32 `[batch, n_best, width]`,
+    scalars of `pipeline.search_options.EXPORTED_OPTIONS` -> `ids` int32 `[batch, n_best, width]`,
     `lengths` int32 `[batch, n_best]`, `scores` float32 `[batch, n_best]` and `attention`
     float32 `[batch, n_best, width, src_len]`. Each sentence has its own length limit
     (`max_length`, or else from its own source length; capped at `max_length_cap` whatever
@@ -92,40 +95,34 @@ class TranslationGraph(tf.Module):
             target_model_proto, tf.int32, name="target_sentencepiece"
         )
         self.max_source_length = max_source_length = decode["max_source_length"]
-        self.defaults = defaults = search_defaults(decode)
-        penalty_type, cap = decode["length_penalty_type"], decode["max_length_cap"]
-        ratio, offset = decode["max_length_ratio"], decode["max_length_offset"]
-        self.max_length_cap = cap
+        self.defaults = defaults = exported_defaults(decode)
+        configured = SearchOptions.from_config(decode)
+        cap = self.max_length_cap = decode["max_length_cap"]
 
         source_vocab_size, target_vocab_size = model.source_vocab_size, model.target_vocab_size
 
         def within_vocabulary(ids, size):
             return tf.where(tf.logical_and(ids >= 0, ids < size), ids, UNK_ID)
 
-        def search(
-            source_ids, target_prefix, beam_size, n_best, length_penalty, max_length,
-            no_repeat_ngram_size,
-        ):  # fmt: skip
+        def within_range(option, value):
+            value = tf.convert_to_tensor(value, option.dtype)
+            if option.minimum is not None:
+                value = tf.maximum(value, tf.cast(option.minimum, option.dtype))
+            maximum = option.request_maximum if option.maximum is None else option.maximum
+            if maximum is not None:
+                value = tf.minimum(value, tf.cast(maximum, option.dtype))
+            return value
+
+        def search(source_ids, target_prefix, **options):
             # Requests are untrusted: ids outside the vocabulary read as <unk>, long sources
-            # and prefixes are cut, and the beam is kept within [1, MAX_BEAM_SIZE].
+            # and prefixes are cut, and each option is clipped to its declared range.
             source_ids = within_vocabulary(source_ids, source_vocab_size)[:, :max_source_length]
             target_prefix = within_vocabulary(target_prefix, target_vocab_size)[:, : cap - 1]
-            limits = decode_length_limits(source_ids, PAD_ID, ratio, offset, cap, max_length)
-            outputs = beam_search(
-                model,
-                source_ids,
-                limits,
-                beam_size=tf.clip_by_value(beam_size, 1, MAX_BEAM_SIZE),
-                n_best=tf.maximum(n_best, 1),
-                alpha=length_penalty,
-                penalty=penalty_type,
-                beta=decode["coverage_penalty"],
-                min_length=decode["min_length"],
-                no_repeat_ngram_size=tf.maximum(no_repeat_ngram_size, 0),
-                target_prefix=target_prefix,
-            )
-            ids, lengths, scores, attention = blank_empty_sources(source_ids, PAD_ID, *outputs)
-            return dict(zip(SEARCH_OUTPUTS, (ids, lengths, scores, attention)))
+            options = dataclasses.replace(configured, **{
+                o.name: within_range(o, options[o.name]) for o in EXPORTED_OPTIONS
+            })  # fmt: skip
+            outputs = run_search(model, source_ids, options, target_prefix)
+            return dict(zip(SEARCH_OUTPUTS, outputs))
 
         def translate_text(sentences, target_prefix):
             pieces = self.source_tokenizer.tokenize(sentences)[:, :max_source_length]

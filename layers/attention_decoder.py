@@ -33,7 +33,7 @@ class AttentionDecoder(keras.layers.Layer):
         num_layers: number of stacked layers.
         cell_type: "lstm", "gru" or "simple_rnn".
         attention: a `SourceAttention` layer (or its serialised config), or None.
-        input_feeding: feed a~_{t-1} into step t (needs attention).
+        input_feeding: feed a~_{t-1} into step t (needs attention; None: where there is one).
         attention_vector_size: size of a~_t; defaults to `units`.
         dropout: dropout rate on the input of every layer and before the readout.
         residual: add each layer's input to its output, from the second layer on.
@@ -61,7 +61,7 @@ class AttentionDecoder(keras.layers.Layer):
         num_layers=1,
         cell_type="lstm",
         attention=None,
-        input_feeding=True,
+        input_feeding=None,
         attention_vector_size=None,
         dropout=0.0,
         residual=False,
@@ -70,6 +70,8 @@ class AttentionDecoder(keras.layers.Layer):
         super().__init__(**kwargs)
         if isinstance(attention, dict):
             attention = keras.saving.deserialize_keras_object(attention)
+        if input_feeding is None:  # Luong et al.'s input feeding wherever there is attention
+            input_feeding = attention is not None
         if input_feeding and attention is None:
             raise ValueError("input_feeding needs an attention layer; set input_feeding=False")
         if int(num_layers) < 1:

@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from layers.special_tokens import BOS_ID, EOS_ID, PAD_ID
 from layers.token_losses import Perplexity, TokenAccuracy, token_cross_entropy
 
 
@@ -41,7 +42,7 @@ class EncoderDecoderModel(keras.Model):
         pad_id, bos_id, eos_id: ids of the special target tokens.
     """
 
-    def __init__(self, label_smoothing=0.0, pad_id=0, bos_id=2, eos_id=3, **kwargs):
+    def __init__(self, label_smoothing=0.0, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, **kwargs):
         super().__init__(**kwargs)
         if not 0.0 <= float(label_smoothing) < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")

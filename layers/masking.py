@@ -6,8 +6,10 @@ and the encoder and decoder derive masks from padded token ids the same way.
 
 from keras import ops
 
+from layers.special_tokens import PAD_ID
 
-def sequence_mask(token_ids, pad_id=0):
+
+def sequence_mask(token_ids, pad_id=PAD_ID):
     """Boolean mask `[batch, length]`: True at real tokens, False at padding."""
     return ops.not_equal(token_ids, pad_id)
 

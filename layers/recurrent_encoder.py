@@ -10,6 +10,7 @@ from layers.recurrent_layers import (
     states_per_layer,
     token_embedding,
 )
+from layers.special_tokens import PAD_ID
 
 MERGE_MODES = ("concat", "sum")
 
@@ -56,7 +57,7 @@ class RecurrentEncoder(keras.layers.Layer):
         dropout=0.0,
         residual=False,
         reverse_source=False,
-        pad_id=0,
+        pad_id=PAD_ID,
         **kwargs,
     ):
         super().__init__(**kwargs)

@@ -4,6 +4,7 @@ import keras
 
 from layers.encoder_decoder_model import EncoderDecoderModel
 from layers.scheduled_sampling import SamplingSchedule
+from layers.special_tokens import BOS_ID, EOS_ID, PAD_ID
 from layers.state_bridge import StateBridge
 
 
@@ -41,9 +42,9 @@ class RecurrentSeq2Seq(EncoderDecoderModel):
         label_smoothing=0.0,
         scheduled_sampling=None,
         share_embeddings=False,
-        pad_id=0,
-        bos_id=2,
-        eos_id=3,
+        pad_id=PAD_ID,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
         **kwargs,
     ):
         super().__init__(label_smoothing, pad_id, bos_id, eos_id, **kwargs)

@@ -21,13 +21,13 @@ def token_cross_entropy(labels, logits, mask, label_smoothing=0.0):
     labels = ops.cast(labels, "int32")
     if not label_smoothing:
         # The fused softmax cross-entropy: gathering each label's log-probability instead made
-        # its gradient a scatter over [batch, tgt_len, vocab], ~7% of a training step.
+        # its gradient a scatter over [batch, tgt_len, vocab].
         nll = ops.sparse_categorical_crossentropy(labels, logits, from_logits=True)
         loss = nll
     else:
         # The fused dense softmax cross-entropy against the smoothed distribution: its kernel
         # computes the gradient with the loss. A logsumexp beside the sparse kernel instead
-        # made ~6 more passes over [batch, tgt_len, vocab], ~12% of a training step.
+        # made several more passes over [batch, tgt_len, vocab].
         # TensorFlow's own ops: keras.ops' one_hot has no on/off values (two more passes).
         vocab_size = tf.shape(logits)[-1]
         off = label_smoothing / tf.cast(vocab_size, "float32")
@@ -42,9 +42,8 @@ def token_cross_entropy(labels, logits, mask, label_smoothing=0.0):
     return loss * weights, nll * weights
 
 
-# Positions whose logits one step of `projected_token_cross_entropy` holds ([256, vocab] float32:
-# 10 MB at 10k pieces). On a [4096, 128] x [128, 10k] projection 128 and 256 were alike, 64 and
-# 2048 slower (bench/RESULTS.md).
+# Positions whose logits one step of `projected_token_cross_entropy` holds: large enough that
+# each matmul keeps the CPU busy, small enough that the [chunk, vocab] logits stay in cache.
 PROJECTION_CHUNK = 256
 
 
@@ -146,7 +145,7 @@ class TokenAccuracy(keras.metrics.Metric):
 
     def update_state(self, labels, logits, mask):
         # The label's logit against the maximum: keras.ops.argmax makes five more passes over
-        # [batch, tgt_len, vocab] to tell -0.0 from 0.0 (~9% of a training step). A tie with
+        # [batch, tgt_len, vocab] to tell -0.0 from 0.0. A tie with
         # another token counts as right.
         label_logits = ops.take_along_axis(logits, ops.cast(labels, "int32")[..., None], axis=-1)
         weights = ops.cast(mask, "float32")

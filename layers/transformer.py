@@ -8,6 +8,7 @@ from keras import ops
 
 from layers.encoder_decoder_model import EncoderDecoderModel
 from layers.masking import sequence_mask
+from layers.special_tokens import BOS_ID, EOS_ID, PAD_ID
 from layers.transformer_decoder_layer import TransformerDecoderLayer
 from layers.transformer_encoder_layer import TransformerEncoderLayer
 
@@ -64,9 +65,9 @@ class Transformer(EncoderDecoderModel):
         normalize_first=True,
         share_embeddings=False,
         label_smoothing=0.0,
-        pad_id=0,
-        bos_id=2,
-        eos_id=3,
+        pad_id=PAD_ID,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
         **kwargs,
     ):
         super().__init__(label_smoothing, pad_id, bos_id, eos_id, **kwargs)
@@ -125,8 +126,8 @@ class Transformer(EncoderDecoderModel):
         ]
         self.decoder_layers = [
             TransformerDecoderLayer(
-                self.num_heads,
                 self.intermediate_dim,
+                self.num_heads,
                 dropout=self.dropout_rate,
                 attention_dropout=self.attention_dropout_rate,
                 ffn_dropout=self.ffn_dropout_rate,

@@ -25,9 +25,9 @@ class TransformerDecoderLayer(keras.layers.Layer):
     (`[batch * k, dim]`, cache, weights `[batch * k, src_len]`), where `cache` comes from
     `initial_cache` and `memory_cache` from `precompute(memory)`.
 
-    Args:
-        num_heads: attention heads (the model size must be divisible by it).
+    Args (the first two in the order of keras-hub's layers and `TransformerEncoderLayer`):
         intermediate_dim: hidden size of the feed-forward network.
+        num_heads: attention heads (the model size must be divisible by it).
         dropout: dropout rate after each sublayer.
         attention_dropout: rate on the self-attention weights (None: `dropout`).
         ffn_dropout: rate on the FFN's hidden activations (None: `dropout`).
@@ -38,8 +38,8 @@ class TransformerDecoderLayer(keras.layers.Layer):
 
     def __init__(
         self,
-        num_heads,
         intermediate_dim,
+        num_heads,
         dropout=0.1,
         attention_dropout=None,
         ffn_dropout=None,

@@ -423,7 +423,7 @@ class ValidationBleu(keras.callbacks.Callback):
         if (epoch + 1) % self.every_epochs:
             return
         self.float32_model.set_weights(self.model.get_weights())
-        hypotheses = self.translator.translate_best(self.sources)
+        hypotheses = self.translator.translate(self.sources)
         scores = score_translations(hypotheses, self.references)
         if logs is not None:
             logs["val_bleu"] = scores["bleu"]
@@ -448,7 +448,7 @@ class AttentionImages(keras.callbacks.Callback):
         self.float32_model.set_weights(self.model.get_weights())
         if self._writer is None:
             self._writer = tf.summary.create_file_writer(self.log_dir)
-        hypotheses = [n_best[0] for n_best in self.translator.translate(self.sources)]
+        hypotheses = [n_best[0] for n_best in self.translator.hypotheses(self.sources)]
         with self._writer.as_default(step=epoch + 1):
             for number, hypothesis in enumerate(hypotheses, start=1):
                 if not hypothesis.target_tokens or not hypothesis.source_tokens:

@@ -16,6 +16,7 @@ import yaml
 
 from pipeline.atomic_files import write_text_atomically
 from pipeline.errors import UnusableFileError, UserError
+from pipeline.search_options import CONFIGURED_OPTIONS
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
@@ -57,6 +58,12 @@ def _path(default=None):
 
 def _positive_int(default, nullable=False):
     return Field(int, default, minimum=1, nullable=nullable)
+
+
+def _search_field(option):
+    """A configured search option (`pipeline.search_options`) as a decode key."""
+    return Field(option.kind, option.default, option.choices, option.minimum, option.maximum,
+                 option.nullable)  # fmt: skip
 
 
 def _rate(default, nullable=False):
@@ -117,14 +124,14 @@ SCHEMA = {
         "attention_units": _positive_int(256),
         "attention_heads": _positive_int(4),
         "attention_normalize": Field(bool, False),
-        # luong_dot and luong_general: a learned gain on the scaled score; on, they trained
-        # 0.6 BLEU better over two seeds (bench/RESULTS.md)
+        # luong_dot and luong_general: a learned gain on the scaled score, so that the
+        # attention can sharpen without its score growing unbounded (see docs)
         "attention_scale": Field(bool, True),
-        # scaled_dot and multi_head: on, they trained 0.6-2.9 BLEU better (bench/RESULTS.md)
+        # scaled_dot and multi_head: queries and keys normalised before their product, which
+        # keeps early attention from saturating
         "attention_qk_norm": Field(bool, True),
         # multi_head: mix learned projections of the memory, or (false) slices of the memory
-        # itself; false: +0.04 and +1.06 BLEU (without and with input feeding, same seed), lower
-        # validation perplexity than every projected run (bench/RESULTS.md)
+        # itself, which trained as well with fewer weights
         "attention_project_values": Field(bool, False),
         "input_feeding": Field(bool, False),
         "attention_vector_size": _positive_int(None, nullable=True),
@@ -150,9 +157,8 @@ SCHEMA = {
         "steps_per_epoch": _positive_int(None, nullable=True),
         "batch_size": _positive_int(64),
         "batch_tokens": _positive_int(None, nullable=True),
-        # Batches of pairs whose longer side has the same length: 1.14x the steps/s of width 5
-        # at the TF tutorial's model size (95% of target positions real, from 79%); the shipped
-        # recipes keep 5, as their figures were trained (bench/RESULTS.md).
+        # Pairs whose longer side lengths differ by less than this share a batch: 1 wastes
+        # the least on padding; the shipped recipes keep 5, the width their figures had.
         "bucket_width": _positive_int(1),
         "shuffle_buffer": _positive_int(30000),
         "seed": Field(int, 1234),
@@ -190,18 +196,9 @@ SCHEMA = {
         "precision": Field(str, "float32", choices=PRECISIONS),
     },
     "decode": {
-        "batch_size": _positive_int(64),
-        "beam_size": _positive_int(5),
-        "length_penalty": Field(float, 0.6, minimum=0.0),
-        "length_penalty_type": Field(str, "gnmt", choices=("gnmt", "average")),
-        "coverage_penalty": Field(float, 0.0, minimum=0.0),
-        "min_length": Field(int, 0, minimum=0),
-        "no_repeat_ngram_size": Field(int, 0, minimum=0),  # 0: off
-        "max_length_ratio": Field(float, 1.5, minimum=0.0),
-        "max_length_offset": Field(int, 10, minimum=0),
-        "max_length_cap": _positive_int(250),
-        "max_source_length": _positive_int(250),  # longer inputs are cut, in every runtime
-        "replace_unknown": Field(bool, False),
+        "batch_size": _positive_int(64),  # sentences searched at once
+        # One key per configured option of pipeline.search_options, its meaning declared there.
+        **{option.name: _search_field(option) for option in CONFIGURED_OPTIONS},
     },
     "distribute": {
         "strategy": Field(str, "default", choices=("default", "mirrored", "multi_worker", "tpu")),

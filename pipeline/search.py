@@ -730,3 +730,38 @@ def beam_search(
     results = _record(results, sources.index, remaining)
     lengths = tf.reduce_sum(tf.cast(tf.not_equal(results.ids, model.pad_id), tf.int32), axis=2)
     return results.ids, lengths, results.scores, results.attention
+
+
+def search(model, source_ids, options, target_prefix=None):
+    """The one entry point of every caller: each source's length limit, then the search that
+    `options` (`pipeline.search_options.SearchOptions`) asks for, then nothing for the empty
+    sources. A beam size given as a tensor (a graph input) takes the beam search, which covers
+    1; sampling and the greedy search need Python options.
+
+    Returns the n-best outputs of `beam_search` (`[batch, n, ...]`; n is 1 for the greedy and
+    sampling searches)."""
+    o = options
+    limits = decode_length_limits(
+        source_ids, model.pad_id, o.max_length_ratio, o.max_length_offset, o.max_length_cap,
+        o.max_length,
+    )  # fmt: skip
+    if o.sampling_temperature is not None:
+        best = sampling_search(
+            model, source_ids, limits, o.sampling_temperature, o.sampling_topk, o.sampling_topp,
+            seed=(o.seed, 0), min_length=o.min_length,
+            no_repeat_ngram_size=o.no_repeat_ngram_size, target_prefix=target_prefix,
+        )  # fmt: skip
+    elif isinstance(o.beam_size, int) and o.beam_size == 1 and o.n_best == 1:
+        best = greedy_search(
+            model, source_ids, limits, o.min_length, o.no_repeat_ngram_size, target_prefix
+        )
+    else:
+        best = None
+        outputs = beam_search(
+            model, source_ids, limits, o.beam_size, o.n_best, o.length_penalty,
+            o.length_penalty_type, o.coverage_penalty, o.min_length, o.no_repeat_ngram_size,
+            target_prefix,
+        )  # fmt: skip
+    if best is not None:
+        outputs = [x[:, None] for x in best]  # one hypothesis per sentence
+    return blank_empty_sources(source_ids, model.pad_id, *outputs)

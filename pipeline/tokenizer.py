@@ -14,10 +14,10 @@ import sentencepiece
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from layers.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from pipeline.atomic_files import atomic_path
 from pipeline.errors import UnusableFileError, UserError
 
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 SPECIAL_PIECES = {
     "pad_piece": "<pad>",
     "unk_piece": "<unk>",

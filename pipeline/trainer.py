@@ -201,7 +201,7 @@ def _callbacks(config, workdir, task, manager, completed_epochs, translator, flo
 
 def _evaluate_test(translator, corpus, workdir, training_seconds, log):
     log(f"Translating the test split ({len(corpus)} sentences)...")
-    hypotheses = translator.translate_best(corpus.sources)
+    hypotheses = translator.translate(corpus.sources)
     report = score_translations(hypotheses, corpus.targets)
     report["training_seconds"] = round(training_seconds, 1)
     write_text_atomically(workdir / TEST_TRANSLATIONS, "".join(h + "\n" for h in hypotheses))

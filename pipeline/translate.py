@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.errors import report_user_errors
+from pipeline.errors import UserError, report_user_errors
+from pipeline.search_options import add_search_arguments, search_arguments
 
 
 def parse_args(argv):
@@ -28,27 +29,11 @@ def parse_args(argv):
     parser.add_argument("--output", type=Path, help="file for translations (default: stdout)")
     parser.add_argument("--errors", choices=("strict", "replace"), default="strict",
                         help="invalid UTF-8 in the input: stop (strict) or replace it")  # fmt: skip
-    search = parser.add_argument_group("search (defaults: the decode section of the config)")
-    search.add_argument("--beam-size", type=int)
-    search.add_argument("--n-best", type=int, default=1)
-    search.add_argument("--length-penalty", type=float, help="alpha")
-    search.add_argument("--length-penalty-type", choices=("gnmt", "average"))
-    search.add_argument("--coverage-penalty", type=float, help="beta")
-    search.add_argument("--min-length", type=int)
-    search.add_argument("--no-repeat-ngram-size", type=int,
-                        help="no n-gram of this size twice in a translation (0: off)")  # fmt: skip
-    search.add_argument("--max-length-ratio", type=float)
-    search.add_argument("--sampling-temperature", type=float, help="sample instead of beam search")
-    search.add_argument("--sampling-topk", type=int, default=0)
-    search.add_argument("--sampling-topp", type=float, default=1.0)
-    search.add_argument("--seed", type=int, default=0,
-                        help="sampling: each sentence draws from it and its own text")  # fmt: skip
-    search.add_argument("--replace-unknown", action="store_true", default=None,
-                        help="replace <unk> by the most attended source token")  # fmt: skip
-    search.add_argument("--batch-size", type=int)
-    search.add_argument("--target-prefix", type=Path,
+    parser.add_argument("--batch-size", type=int, help="default: decode.batch_size")
+    parser.add_argument("--target-prefix", type=Path,
                         help="file of prefixes, a line per input line: each translation starts "
                              "with its line's text (an empty line: no prefix)")  # fmt: skip
+    add_search_arguments(parser)
     output = parser.add_argument_group("output")
     output.add_argument("--scores", action="store_true", help="print each translation's score")
     output.add_argument(
@@ -59,20 +44,10 @@ def parse_args(argv):
 
 
 def _check(args):
-    from pipeline.errors import UserError
-
-    for name in ("beam_size", "n_best", "batch_size"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
-    if args.no_repeat_ngram_size is not None and args.no_repeat_ngram_size < 0:
-        raise UserError("--no-repeat-ngram-size must be 0 (off) or more")
-    if args.beam_size and args.n_best > args.beam_size:
-        raise UserError(f"--n-best ({args.n_best}) cannot exceed --beam-size ({args.beam_size})")
-    if args.sampling_temperature is not None and args.sampling_temperature <= 0:
-        raise UserError("--sampling-temperature must be positive")
-    if args.sampling_temperature is not None and args.n_best > 1:
-        raise UserError("--n-best needs beam search, not sampling")
+    """The flags' values, before the model loads: {search option: value given}."""
+    if args.batch_size is not None and args.batch_size < 1:
+        raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
+    return search_arguments(args)
 
 
 def alignment_line(hypothesis):
@@ -86,11 +61,10 @@ def alignment_line(hypothesis):
 @report_user_errors
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    _check(args)
+    search = _check(args)
     from tqdm import tqdm
 
     from pipeline.attention_plot import plot_attention
-    from pipeline.errors import UserError
     from pipeline.text_input import read_sentences
     from pipeline.translation import SearchOptions, Translator
     from pipeline.workdir import load_trained
@@ -106,23 +80,7 @@ def main(argv=None):
                 f"{args.target_prefix} has {len(prefixes)} lines but the input has "
                 f"{len(sentences)}: a prefix line per input line"
             )
-    beam_size = args.beam_size or max(config["decode"]["beam_size"], args.n_best)
-    options = SearchOptions.from_config(
-        config["decode"],
-        beam_size=beam_size,
-        n_best=args.n_best,
-        length_penalty=args.length_penalty,
-        length_penalty_type=args.length_penalty_type,
-        coverage_penalty=args.coverage_penalty,
-        min_length=args.min_length,
-        no_repeat_ngram_size=args.no_repeat_ngram_size,
-        max_length_ratio=args.max_length_ratio,
-        replace_unknown=args.replace_unknown,
-        sampling_temperature=args.sampling_temperature,
-        sampling_topk=args.sampling_topk,
-        sampling_topp=args.sampling_topp,
-        seed=args.seed,
-    )
+    options = SearchOptions.from_config(config["decode"], **search)
     translator = Translator(
         model, source_tokenizer, target_tokenizer, options,
         args.batch_size or config["decode"]["batch_size"],
@@ -130,13 +88,13 @@ def main(argv=None):
     with tqdm(
         total=len(sentences), unit="sent", disable=args.input is None, file=sys.stderr
     ) as bar:
-        results = translator.translate(sentences, progress=bar.update, target_prefix=prefixes)
+        results = translator.hypotheses(sentences, prefixes, progress=bar.update)
 
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     with out if args.output else _no_close(out):
         for index, hypotheses in enumerate(results):
             for rank, hypothesis in enumerate(hypotheses):
-                if args.n_best > 1:
+                if options.n_best > 1:
                     out.write(f"{index}\t{rank}\t{hypothesis.score:.4f}\t{hypothesis.text}\n")
                 elif args.scores:
                     out.write(f"{hypothesis.score:.4f}\t{hypothesis.text}\n")

@@ -103,3 +103,10 @@ def test_input_feeding_widens_the_first_layer(memory):
 def test_input_feeding_needs_attention():
     with pytest.raises(ValueError, match="input_feeding"):
         layers.AttentionDecoder(15, 5, 8, attention=None, input_feeding=True)
+
+
+def test_its_defaults_build_a_decoder_input_feeding_where_it_attends():
+    assert not layers.AttentionDecoder(15, 5, 8).input_feeding
+    assert layers.AttentionDecoder(
+        15, 5, 8, attention=layers.LuongAttention("general")
+    ).input_feeding

@@ -32,7 +32,7 @@ from helpers import (
     search_saved_model,
 )
 from pipeline.config import PROJECT_ROOT
-from pipeline.errors import UnusableFileError
+from pipeline.errors import UnusableFileError, UserError
 from pipeline.search import beam_search, decode_length_limits, greedy_search
 from pipeline.tokenizer import EOS_ID, PAD_ID
 from pipeline.translation import SearchOptions, Translator
@@ -153,7 +153,7 @@ def test_serving_default_translates_like_the_in_process_translator(workdir, load
         model, source_tokenizer, target_tokenizer, SearchOptions.from_config(config["decode"]),
         batch_size=len(sentences),
     )  # fmt: skip
-    expected = translator.translate(sentences)  # the same batch: the same padding and sums
+    expected = translator.hypotheses(sentences)  # the same batch: the same padding and sums
     translations, scores = serve(loaded, sentences)
     assert translations == [h[0].text for h in expected]
     np.testing.assert_allclose(scores, [h[0].score for h in expected], atol=1e-4)
@@ -526,7 +526,7 @@ def test_translator_gives_a_sentence_the_same_translation_in_any_batch(workdir, 
 
     def translate(batch_size, order):
         translator = Translator(model, source_tokenizer, target_tokenizer, search, batch_size)
-        hypotheses = translator.translate([sentences[i] for i in order])
+        hypotheses = translator.hypotheses([sentences[i] for i in order])
         by_sentence = dict(zip(order, hypotheses))
         return [
             [(h.text, h.score, h.target_tokens) for h in by_sentence[i]]
@@ -592,12 +592,9 @@ def test_every_runtime_starts_each_translation_with_its_prefix(workdir, loaded, 
     )["translations"].numpy()
     onnx_texts = OnnxTranslator(out).translate(sentences, target_prefix=prefixes)
     search = SearchOptions.from_config(config["decode"])
-    keras_texts = [
-        h[0].text
-        for h in Translator(model, *load_trained(workdir)[2:], search).translate(
-            sentences, target_prefix=prefixes
-        )
-    ]
+    keras_texts = Translator(model, *load_trained(workdir)[2:], search).translate(
+        sentences, target_prefix=prefixes
+    )
     assert [t.decode() for t in served] == onnx_texts == keras_texts
     for text, prefix in zip(onnx_texts, prefixes, strict=True):
         assert text.startswith(prefix), (text, prefix)
@@ -631,3 +628,35 @@ def test_a_failing_tf2onnx_pass_is_skipped_as_tf2onnx_does(monkeypatch):
     np.testing.assert_allclose(session.run(None, {"x": np.array([1.0, 2.0], "float32")})[0], [2, 3])
     assert attempts[0] == "false" and attempts[-1] is None  # in place, then on a copy
     assert tf2onnx.constants.ENV_TF2ONNX_CATCH_ERRORS not in os.environ
+
+
+def test_both_translators_offer_the_same_calls_and_results(workdir, out):
+    """`Translator` (in process) and `OnnxTranslator` answer `translate` and
+    `translate_n_best` with the same parameters and the same (text, score) results; options
+    given per call equal the same options given at construction."""
+    import inspect
+
+    for method in ("translate", "translate_n_best"):
+        parameters = [
+            list(inspect.signature(getattr(cls, method)).parameters)
+            for cls in (Translator, OnnxTranslator)
+        ]
+        assert parameters[0] == parameters[1], method
+    config, model, source_tokenizer, target_tokenizer = load_trained(workdir)
+    sentences = real_sentences(8)
+    in_process = Translator(
+        model, source_tokenizer, target_tokenizer, SearchOptions.from_config(config["decode"])
+    )
+    expected = in_process.translate_n_best(sentences, 3)
+    runtime = OnnxTranslator(out).translate_n_best(sentences, 3)
+    assert [[t for t, _ in h] for h in runtime] == [[t for t, _ in h] for h in expected]
+    np.testing.assert_allclose(
+        [[s for _, s in h] for h in runtime], [[s for _, s in h] for h in expected], atol=1e-4
+    )
+    greedy = Translator(
+        model, source_tokenizer, target_tokenizer,
+        SearchOptions.from_config(config["decode"], beam_size=1),
+    )  # fmt: skip
+    assert in_process.translate(sentences, beam_size=1) == greedy.translate(sentences)
+    with pytest.raises(UserError, match="beam_size must be at least 1"):
+        in_process.translate(sentences, beam_size=0)

@@ -230,7 +230,7 @@ def decoder_layer_steps(layer, inputs):
 def decoder_layer_case(name, **options):
     return LayerCase(
         f"transformer_decoder_layer_{name}",
-        lambda: layers.TransformerDecoderLayer(2, 16, **options),
+        lambda: layers.TransformerDecoderLayer(16, 2, **options),
         decoder_layer_inputs,
         decoder_layer_forward,
         masking=Masking(

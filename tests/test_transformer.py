@@ -213,7 +213,7 @@ def test_trained_transformer_translates_like_its_saved_model(workdir, loaded):
         model, source_tokenizer, target_tokenizer, SearchOptions.from_config(config["decode"])
     )
     sentences = real_sentences(12)
-    in_process = [h[0].text for h in translator.translate(sentences)]
+    in_process = translator.translate(sentences)
     served = loaded.signatures["serving_default"](sentences=tf.constant(sentences))
     assert [t.decode() for t in served["translations"].numpy()] == in_process
     assert any(len(text.split()) > 1 for text in in_process)  # a real, multi-token output

@@ -1,0 +1,173 @@
+"""Every search option, declared once: name, type, default, range and meaning.
+
+From `SEARCH_OPTIONS` come the config's `decode` keys (`configured`), `SearchOptions`, the
+search flags of `pipeline.translate` and `pipeline.evaluate`, and the scalar inputs of the
+exported `beam_search` signature and of `model.json` (`exported`). A new option is one
+declaration here plus its search code. No TensorFlow here: the ONNX runtime imports it.
+"""
+
+import dataclasses
+from typing import Any
+
+from pipeline.errors import UserError
+
+MAX_BEAM_SIZE = 64  # an exported graph clips a larger requested beam to it
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchOption:
+    name: str
+    kind: type  # int, float, str or bool
+    default: Any
+    meaning: str
+    minimum: float | None = None
+    maximum: float | None = None
+    positive: bool = False  # above 0 (a minimum of 0 excluded)
+    choices: tuple = ()
+    nullable: bool = False
+    configured: bool = False  # a key of the config's decode section: each model's default
+    exported: bool = False  # a scalar input of the exported beam_search signature
+    request_maximum: float | None = None  # an exported graph clips a request above it
+
+    @property
+    def dtype(self):
+        """Its numpy and TensorFlow dtype name in an exported graph."""
+        return {int: "int32", float: "float32"}[self.kind]
+
+    @property
+    def flag(self):
+        return "--" + self.name.replace("_", "-")
+
+    def problem(self, value):
+        """What is wrong with `value` for this option, or None."""
+        if value is None:
+            return None if self.nullable else "cannot be null"
+        if self.choices and value not in self.choices:
+            return f"must be one of {', '.join(map(str, self.choices))}; got {value!r}"
+        if self.positive and value <= 0:
+            return f"must be above 0, got {value!r}"
+        if self.minimum is not None and value < self.minimum:
+            return f"must be at least {self.minimum}, got {value!r}"
+        if self.maximum is not None and value > self.maximum:
+            return f"must be at most {self.maximum}, got {value!r}"
+        return None
+
+
+SEARCH_OPTIONS = (
+    SearchOption("beam_size", int, 5, f"hypotheses kept per sentence (1: greedy; exports clip "
+                 f"to {MAX_BEAM_SIZE})", minimum=1, configured=True, exported=True,
+                 request_maximum=MAX_BEAM_SIZE),
+    SearchOption("n_best", int, 1, "hypotheses returned per sentence, best first (at most "
+                 "beam_size)", minimum=1, exported=True),
+    SearchOption("length_penalty", float, 0.6, "alpha of the length penalty "
+                 "(length_penalty_type)", minimum=0.0, configured=True, exported=True),
+    SearchOption("length_penalty_type", str, "gnmt", "gnmt: Wu et al.'s ((5 + length) / 6) "
+                 "^ alpha; average: the score per token", choices=("gnmt", "average"),
+                 configured=True),
+    SearchOption("coverage_penalty", float, 0.0, "beta of Wu et al.'s coverage penalty",
+                 minimum=0.0, configured=True),
+    SearchOption("min_length", int, 0, "no end of sentence before this many tokens",
+                 minimum=0, configured=True),
+    SearchOption("no_repeat_ngram_size", int, 0, "no n-gram of this size appears twice in a "
+                 "hypothesis; 0: off", minimum=0, configured=True, exported=True),
+    SearchOption("max_length", int, 0, "the most tokens of each translation (within "
+                 "max_length_cap); 0: max_length_ratio x its source length + "
+                 "max_length_offset", minimum=0, exported=True),
+    SearchOption("max_length_ratio", float, 1.5, "a translation's length limit per source "
+                 "token", minimum=0.0, configured=True),
+    SearchOption("max_length_offset", int, 10, "... plus this many tokens", minimum=0,
+                 configured=True),
+    SearchOption("max_length_cap", int, 250, "no translation is ever longer, whatever is "
+                 "asked", minimum=1, configured=True),
+    SearchOption("max_source_length", int, 250, "longer inputs are cut to this many pieces, "
+                 "in every runtime", minimum=1, configured=True),
+    SearchOption("replace_unknown", bool, False, "each <unk> becomes the source piece it "
+                 "attends to most", configured=True),
+    SearchOption("sampling_temperature", float, None, "sample with this temperature instead "
+                 "of searching (null: search)", positive=True, nullable=True),
+    SearchOption("sampling_topk", int, 0, "sampling: from the k likeliest tokens (0: all)",
+                 minimum=0),
+    SearchOption("sampling_topp", float, 1.0, "sampling: from the smallest set of tokens "
+                 "holding this probability", positive=True, maximum=1.0),
+    SearchOption("seed", int, 0, "sampling: each sentence draws from it and its own text"),
+)  # fmt: skip
+OPTIONS_BY_NAME = {option.name: option for option in SEARCH_OPTIONS}
+CONFIGURED_OPTIONS = tuple(option for option in SEARCH_OPTIONS if option.configured)
+EXPORTED_OPTIONS = tuple(option for option in SEARCH_OPTIONS if option.exported)
+
+
+def check_values(values, name_of=lambda option: option.name):
+    """Raises a `UserError` naming (by `name_of`) the first option whose value is wrong."""
+    for name, value in values.items():
+        problem = OPTIONS_BY_NAME[name].problem(value)
+        if problem:
+            raise UserError(f"{name_of(OPTIONS_BY_NAME[name])} {problem}")
+    n_best, beam_size = values.get("n_best", 1), values.get("beam_size")
+    n_best_name, beam_size_name, sampling_name = (
+        name_of(OPTIONS_BY_NAME[name]) for name in ("n_best", "beam_size", "sampling_temperature")
+    )
+    if beam_size is not None and n_best > beam_size:
+        raise UserError(f"{n_best_name} ({n_best}) cannot exceed {beam_size_name} ({beam_size})")
+    if values.get("sampling_temperature") is not None and n_best > 1:
+        raise UserError(f"{n_best_name} needs beam search, not sampling ({sampling_name})")
+
+
+def _from_config(cls, decode_config, **overrides):
+    """The model's decode section, then `overrides` (None: not given), checked; a beam
+    narrower than a requested `n_best` widens to it unless the beam was asked for too."""
+    overrides = {name: value for name, value in overrides.items() if value is not None}
+    check_values(overrides)
+    values = {option.name: decode_config[option.name] for option in CONFIGURED_OPTIONS
+              if option.name in decode_config}  # fmt: skip
+    values.update(overrides)
+    if "beam_size" not in overrides:
+        values["beam_size"] = max(values.get("beam_size", 1), values.get("n_best", 1))
+    return cls(**values)
+
+
+SearchOptions = dataclasses.make_dataclass(
+    "SearchOptions",
+    [
+        (o.name, o.kind | None if o.nullable else o.kind, dataclasses.field(default=o.default))
+        for o in SEARCH_OPTIONS
+    ],  # fmt: skip
+    namespace={
+        "__doc__": "How to search, one field per `SEARCH_OPTIONS` entry: beam search (beam_size "
+        "1 is greedy) or, with a sampling_temperature, sampling. In a graph that takes an "
+        "option as an input, its field holds that input's tensor.",
+        "__module__": __name__,
+        "from_config": classmethod(_from_config),
+    },
+    frozen=True,
+)
+
+
+def exported_defaults(decode_config):
+    """{exported option: its default} for a model's decode configuration."""
+    return {
+        o.name: o.kind(decode_config[o.name] if o.configured else o.default)
+        for o in EXPORTED_OPTIONS
+    }
+
+
+def add_search_arguments(parser, exclude=()):
+    """One flag per search option not in `exclude`, its default None (the model's own)."""
+    group = parser.add_argument_group("search (defaults: the decode section of the config)")
+    for option in SEARCH_OPTIONS:
+        if option.name in exclude:
+            continue
+        if option.kind is bool:
+            group.add_argument(option.flag, action="store_true", default=None,
+                               help=option.meaning)  # fmt: skip
+        else:
+            group.add_argument(option.flag, type=option.kind, choices=option.choices or None,
+                               help=option.meaning)  # fmt: skip
+    return group
+
+
+def search_arguments(args):
+    """The search options given on the command line, checked and named by their flags."""
+    given = {option.name: getattr(args, option.name) for option in SEARCH_OPTIONS
+             if getattr(args, option.name, None) is not None}  # fmt: skip
+    check_values(given, name_of=lambda option: option.flag)
+    return given
