@@ -123,7 +123,7 @@ def main():
     from pipeline.config import load_config
     from pipeline.corpus import read_split
 
-    config = load_config(args.workdir / "config.yaml")
+    config = load_config(args.workdir / "config.yaml", saved=True)
     onnx_directory = export_directory(config, args.workdir.resolve()) / "onnx"
     sentences = read_split(config["data"], "test").sources[: args.sentences]
     print("| process | what it does | peak RSS (MiB) |")

@@ -20,21 +20,9 @@ class EncoderDecoderModel(keras.Model):
     optional label smoothing) and reports `token_accuracy` and `perplexity`; on one device as
     it is, under `tf.distribute` as its twin in `pipeline.distributed_training`.
 
-    Decoding uses the step-function contract below, which search and export depend on (never
-    the reverse), so any model that honours it plugs into them:
-        encoded = model.encode(source_ids)                        # dict, one row per source
-        state = model.initial_decoder_state(encoded)              # nest, one row per source
-        logits, state, weights = model.decode_step(token_ids, state, encoded, step)
-    `step` is the number of tokens decoded before `token_ids` (a scalar, the same for every
-    row). A state tensor may change shape from step to step beyond its first axis (the
-    Transformer's self-attention caches grow by a position a step). Search may keep k hypotheses
-    per source: it repeats each row of the state k times, and `decode_step` then takes `[batch *
-    k]` tokens and state rows, grouped by source (rows i*k ... i*k+k-1 belong to source i), with
-    the untiled `encoded`, and returns logits `[batch * k, vocab]`, the state, and attention
-    weights over the source `[batch * k, src_len]` (None for a model without attention). Search
-    reorders every state tensor along its first axis, and drops the rows of finished sources
-    from the state and from every tensor of `encoded`, which must therefore have one row per
-    source along its first axis.
+    Decoding goes through the three methods of the decoding contract (`encode`,
+    `initial_decoder_state`, `decode_step`), which every subclass implements and which search
+    and export depend on (never the reverse), so any model that honours them plugs into them.
     Subclasses also give `source_vocab_size` and `target_vocab_size`.
 
     Args:
@@ -68,6 +56,28 @@ class EncoderDecoderModel(keras.Model):
         if self.losses:
             loss = loss + ops.sum(self.losses)
         return loss
+
+    # --- The decoding contract --------------------------------------------------------------
+
+    def encode(self, source_ids):
+        """int `[batch, src_len]` -> a dict of tensors with one row per source along their
+        first axis: search drops the rows of the sources that are done."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement encode")
+
+    def initial_decoder_state(self, encoded):
+        """A nest of tensors, one row per source. Search may keep k hypotheses per source: it
+        repeats each row k times (rows i*k ... i*k+k-1 belong to source i), and reorders and
+        drops rows along the first axis."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement initial_decoder_state")
+
+    def decode_step(self, token_ids, state, encoded, step):
+        """One step: `token_ids` int `[rows]` (rows = batch, or batch * k grouped by source, as
+        `state`'s), the untiled `encoded`, and `step` the number of tokens decoded before
+        (a scalar, the same for every row) -> (logits `[rows, target_vocab_size]`, the new
+        state, attention weights over the source `[rows, src_len]` or None for a model without
+        attention). A state tensor may change shape beyond its first axis from step to step
+        (the Transformer's self-attention caches grow by a position a step)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement decode_step")
 
     def get_config(self):
         config = super().get_config()

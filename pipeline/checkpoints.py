@@ -19,7 +19,7 @@ from pipeline.schedules import schedule_from_config
 class FusedAdam(keras.optimizers.Adam):
     """Keras' Adam, each variable's update run as TensorFlow's fused Adam kernel: the same
     formula in one pass over the variable and its two moments, where Keras' update is ten
-    element-wise ops, each a pass (10% of a training step at the TF tutorial's model size).
+    element-wise ops, each a pass over the variable.
 
     Under a `tf.distribute` strategy, `global_clipnorm` clips the replicas' summed gradient:
     Keras clips each replica's share before adding them up, which differs from one device's

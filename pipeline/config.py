@@ -1,34 +1,26 @@
 """Experiment configuration: one YAML file, validated at load, overridable from the command line.
 
-Every key has a declared type, default and allowed range in `SCHEMA`. Loading refuses an
-unknown key, a wrong type or an impossible value with a message naming the key and the file.
+Every key has a declared type, default and allowed range in `SCHEMA` (the `model` section's
+in `pipeline.model_types`, by model type). Loading refuses an unknown key, a key of another
+model type, a wrong type or an impossible value with a message naming the key and the file.
 """
 
 import copy
-import dataclasses
 import difflib
 import os
 import re
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from pipeline.atomic_files import write_text_atomically
 from pipeline.errors import UnusableFileError, UserError
+from pipeline.fields import Field, check_value, path_field, positive_int, rate
+from pipeline.model_types import DEFAULT_MODEL_TYPE, MODEL_TYPES, model_keys
 from pipeline.search_options import CONFIGURED_OPTIONS
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
-ATTENTIONS = (
-    "bahdanau",
-    "luong_dot",
-    "luong_general",
-    "luong_concat",
-    "scaled_dot",
-    "multi_head",
-    "none",
-)
 # Keras dtype policies a model may train under; its variables and exports stay float32.
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 SCHEDULE_KINDS = ("constant", "inverse_sqrt", "exponential")  # see pipeline.schedules
@@ -41,131 +33,64 @@ CTRANSLATE2_QUANTIZATIONS = (
 )  # fmt: skip
 
 
-@dataclasses.dataclass(frozen=True)
-class Field:
-    kind: type
-    default: Any
-    choices: tuple = ()
-    minimum: float | None = None
-    maximum: float | None = None
-    nullable: bool = False
-    path: bool = False  # resolved against the directory of the config file
-
-
-def _path(default=None):
-    return Field(str, default, nullable=True, path=True)
-
-
-def _positive_int(default, nullable=False):
-    return Field(int, default, minimum=1, nullable=nullable)
-
-
 def _search_field(option):
     """A configured search option (`pipeline.search_options`) as a decode key."""
     return Field(option.kind, option.default, option.choices, option.minimum, option.maximum,
                  option.nullable)  # fmt: skip
 
 
-def _rate(default, nullable=False):
-    return Field(float, default, minimum=0.0, maximum=1.0, nullable=nullable)
-
-
 SCHEMA = {
     "data": {
         # Either aligned source/target files (plain or .gz) or one TSV of source<TAB>target.
         # Training paths may be glob patterns of aligned shards (train-*.de.gz).
-        "train_source": _path(),
-        "train_target": _path(),
-        "train_tsv": _path(),
-        "valid_source": _path(),
-        "valid_target": _path(),
-        "valid_tsv": _path(),
-        "test_source": _path(),
-        "test_target": _path(),
-        "test_tsv": _path(),
+        "train_source": path_field(),
+        "train_target": path_field(),
+        "train_tsv": path_field(),
+        "valid_source": path_field(),
+        "valid_target": path_field(),
+        "valid_tsv": path_field(),
+        "test_source": path_field(),
+        "test_target": path_field(),
+        "test_tsv": path_field(),
         # Several training corpora mixed on the stream: [{source, target} or {tsv}, weight].
         "train_corpora": Field(list, None, nullable=True),
         "skip_bad_lines": Field(bool, False),  # else an undecodable line stops training
-        "vocab_sample_size": _positive_int(1_000_000),  # sentences SentencePiece learns from
-        "source_vocabulary": _path(),  # an existing SentencePiece model instead of building one
-        "target_vocabulary": _path(),
-        "source_vocab_size": _positive_int(8000),
-        "target_vocab_size": _positive_int(8000),
+        "vocab_sample_size": positive_int(1_000_000),  # sentences SentencePiece learns from
+        "source_vocabulary": path_field(),  # an existing SentencePiece model, not built here
+        "target_vocabulary": path_field(),
+        "source_vocab_size": positive_int(8000),
+        "target_vocab_size": positive_int(8000),
         "subword_model": Field(str, "unigram", choices=("unigram", "bpe")),
         # Subword regularisation (Kudo 2018): training pairs segmented anew at every pass, a
         # unigram model drawing among the `subword_sampling_nbest` best segmentations (-1: all)
         # with probabilities P^alpha, a BPE model dropping merges at rate alpha (BPE-dropout).
         # null: always the best segmentation, as validation, test and exports always use.
-        "subword_sampling_alpha": _rate(None, nullable=True),
+        "subword_sampling_alpha": rate(None, nullable=True),
         "subword_sampling_nbest": Field(int, 64, minimum=-1),
         # One SentencePiece model for both sides, trained on both (vocab/shared.model).
         "shared_vocabulary": Field(bool, False),
-        "max_source_length": _positive_int(100),
-        "max_target_length": _positive_int(100),
+        "max_source_length": positive_int(100),
+        "max_target_length": positive_int(100),
         # The languages' codes, stated in the ONNX export's model.json; null: from the training
         # files' names where they end in a two-letter code (train.de.gz -> de, train.pt_BR).
         "source_language": Field(str, None, nullable=True),
         "target_language": Field(str, None, nullable=True),
     },
-    "model": {
-        "type": Field(str, "rnn", choices=("rnn", "transformer")),
-        # Recurrent models (type: rnn).
-        "cell_type": Field(str, "lstm", choices=("lstm", "gru", "simple_rnn")),
-        "embedding_dim": _positive_int(256),
-        "encoder_units": _positive_int(256),
-        "encoder_layers": _positive_int(1),
-        "bidirectional": Field(bool, True),
-        "merge_mode": Field(str, "concat", choices=("concat", "sum")),
-        "reverse_source": Field(bool, False),
-        "residual": Field(bool, False),
-        "decoder_units": _positive_int(512),
-        "decoder_layers": _positive_int(1),
-        "attention": Field(str, "bahdanau", choices=ATTENTIONS),
-        "attention_units": _positive_int(256),
-        "attention_heads": _positive_int(4),
-        "attention_normalize": Field(bool, False),
-        # luong_dot and luong_general: a learned gain on the scaled score, so that the
-        # attention can sharpen without its score growing unbounded (see docs)
-        "attention_scale": Field(bool, True),
-        # scaled_dot and multi_head: queries and keys normalised before their product, which
-        # keeps early attention from saturating
-        "attention_qk_norm": Field(bool, True),
-        # multi_head: mix learned projections of the memory, or (false) slices of the memory
-        # itself, which trained as well with fewer weights
-        "attention_project_values": Field(bool, False),
-        "input_feeding": Field(bool, False),
-        "attention_vector_size": _positive_int(None, nullable=True),
-        "bridge": Field(str, "dense", choices=("dense", "copy", "zero")),
-        # Transformers (type: transformer); encoder_layers, decoder_layers and dropout are shared.
-        "model_dim": _positive_int(512),
-        "num_heads": _positive_int(8),
-        "ffn_dim": _positive_int(2048),
-        "positions": Field(str, "sinusoidal", choices=("sinusoidal", "learned")),
-        "max_positions": _positive_int(512),  # learned positions only
-        "tie_embeddings": Field(bool, True),  # output projection = target embedding^T
-        "normalize_first": Field(bool, True),  # pre-norm layers
-        # One embedding matrix for both sides (a Transformer's tied output projection too).
-        "share_embeddings": Field(bool, False),
-        "dropout": _rate(0.2),
-        # Transformers: the rates on the self-attention weights and on the decoder's
-        # feed-forward hidden activations (null: dropout's); fairseq's defaults are 0.
-        "attention_dropout": _rate(None, nullable=True),
-        "ffn_dropout": _rate(None, nullable=True),
-    },
+    # "model": the keys of the chosen model type, declared in pipeline.model_types.
     "train": {
-        "epochs": _positive_int(10),
-        "steps_per_epoch": _positive_int(None, nullable=True),
-        "batch_size": _positive_int(64),
-        "batch_tokens": _positive_int(None, nullable=True),
+        "epochs": positive_int(10),
+        "steps_per_epoch": positive_int(None, nullable=True),
+        "batch_size": positive_int(64),
+        "batch_tokens": positive_int(None, nullable=True),
         # Pairs whose longer side lengths differ by less than this share a batch: 1 wastes
         # the least on padding; the shipped recipes keep 5, the width their figures had.
-        "bucket_width": _positive_int(1),
-        "shuffle_buffer": _positive_int(30000),
+        "bucket_width": positive_int(1),
+        "shuffle_buffer": positive_int(30000),
         "seed": Field(int, 1234),
         "learning_rate": Field(float, 1e-3, minimum=0.0),
         "lr_schedule": Field(str, "constant", choices=SCHEDULE_KINDS),
         "warmup_steps": Field(int, 0, minimum=0),
-        "decay_steps": _positive_int(1000),
+        "decay_steps": positive_int(1000),
         "decay_rate": Field(float, 0.5, minimum=0.0, maximum=1.0),
         # The last N epochs take the learning rate linearly down to 0 (0: no cool-down).
         "cooldown_epochs": Field(int, 0, minimum=0),
@@ -180,14 +105,14 @@ SCHEMA = {
         "sampling_schedule": Field(
             str, "none", choices=("none", "constant", "linear", "inverse_sigmoid")
         ),
-        "sampling_probability": _rate(0.25),
+        "sampling_probability": rate(0.25),
         "sampling_decay_steps": Field(float, 1000.0, minimum=1.0),
-        "checkpoint_every_steps": _positive_int(500),
-        "keep_checkpoints": _positive_int(3),
+        "checkpoint_every_steps": positive_int(500),
+        "keep_checkpoints": positive_int(3),
         "average_checkpoints": Field(int, 0, minimum=0),  # the last N, averaged at the end
-        "early_stopping_patience": _positive_int(None, nullable=True),
+        "early_stopping_patience": positive_int(None, nullable=True),
         "bleu_every_epochs": Field(int, 0, minimum=0),
-        "bleu_subset": _positive_int(200),
+        "bleu_subset": positive_int(200),
         "attention_images": Field(int, 3, minimum=0),  # validation sentences drawn each epoch
         "jit_compile": Field(bool, False),
         # Trace this many training steps (after the first 10, which trace the graph) for
@@ -196,13 +121,13 @@ SCHEMA = {
         "precision": Field(str, "float32", choices=PRECISIONS),
     },
     "decode": {
-        "batch_size": _positive_int(64),  # sentences searched at once
+        "batch_size": positive_int(64),  # sentences searched at once
         # One key per configured option of pipeline.search_options, its meaning declared there.
         **{option.name: _search_field(option) for option in CONFIGURED_OPTIONS},
     },
     "distribute": {
         "strategy": Field(str, "default", choices=("default", "mirrored", "multi_worker", "tpu")),
-        "cpu_replicas": _positive_int(None, nullable=True),  # mirrored on a CPU: N devices
+        "cpu_replicas": positive_int(None, nullable=True),  # mirrored on a CPU: N devices
         "scale_learning_rate": Field(bool, False),  # learning rate x number of replicas
         "communication": Field(str, "auto", choices=("auto", "ring", "nccl")),  # multi_worker
         "tpu_name": Field(str, None, nullable=True),  # TPUClusterResolver(tpu=...)
@@ -211,7 +136,7 @@ SCHEMA = {
     },
     "export": {
         "after_training": Field(bool, False),
-        "directory": _path(),  # default: <workdir>/export
+        "directory": path_field(),  # default: <workdir>/export
         "formats": Field(str, ",".join(DEFAULT_EXPORT_FORMATS)),
         "model_name": Field(str, "translator"),
         "onnx_opset": Field(int, 17, minimum=13, maximum=18),  # tf2onnx 1.17 stops at 18
@@ -231,10 +156,15 @@ CORPUS_KEYS = {"source", "target", "tsv", "weight"}
 LANGUAGE_SUFFIX = re.compile(r"\.([a-z]{2}(?:[_-][A-Za-z]{2,4})?)(?:\.gz)?$")
 
 
-def defaults():
+def schema(model_type=DEFAULT_MODEL_TYPE):
+    """{section: {key: Field}} of a configuration whose model is of type `model_type`."""
+    return {**SCHEMA, "model": model_keys(model_type)}
+
+
+def defaults(model_type=DEFAULT_MODEL_TYPE):
     return {
         section: {key: copy.deepcopy(field.default) for key, field in fields.items()}
-        for section, fields in SCHEMA.items()
+        for section, fields in schema(model_type).items()
     }
 
 
@@ -244,53 +174,57 @@ def _unknown(key, known, where):
     return UserError(f"{where}: unknown key '{key}'{suggestion}")
 
 
-def _check_value(name, field, value, where):
-    if value is None:
-        if field.nullable:
-            return None
-        raise UserError(f"{where}: {name} must not be empty")
-    kind = field.kind
-    if kind is float and not isinstance(value, bool) and isinstance(value, (int, str)):
-        try:  # YAML reads 1e-3 (no dot) as a string
-            value = float(value)
-        except ValueError:
-            pass
-    if kind is int and isinstance(value, bool) or not isinstance(value, kind):
-        type_name = {
-            int: "an integer", float: "a number", bool: "true or false", str: "a string",
-            list: "a list",
-        }  # fmt: skip
-        raise UserError(f"{where}: {name} must be {type_name[kind]}, got {value!r}")
-    if field.choices and value not in field.choices:
-        choices = ", ".join(map(str, field.choices))
-        raise UserError(f"{where}: {name} must be one of {choices}; got {value!r}")
-    if field.minimum is not None and value < field.minimum:
-        raise UserError(f"{where}: {name} must be at least {field.minimum}, got {value!r}")
-    if field.maximum is not None and value > field.maximum:
-        raise UserError(f"{where}: {name} must be at most {field.maximum}, got {value!r}")
-    return value
-
-
-def _merge(config, overrides, where, base_dir):
+def _merge(config, overrides, where, base_dir, fields):
     if not isinstance(overrides, dict):
         raise UserError(f"{where}: expected a mapping of sections, got {type(overrides).__name__}")
     for section, values in overrides.items():
-        if section not in SCHEMA:
-            raise _unknown(str(section), SCHEMA, where)
+        if section not in fields:
+            raise _unknown(str(section), fields, where)
         if not isinstance(values, dict):
             raise UserError(f"{where}: section '{section}' must be a mapping of keys")
         for key, value in values.items():
-            if key not in SCHEMA[section]:
+            if key not in fields[section]:
+                if section == "model":
+                    _refuse_other_types_key(key, config["model"]["type"], where)
                 raise _unknown(
-                    f"{section}.{key}", [f"{section}.{k}" for k in SCHEMA[section]], where
+                    f"{section}.{key}", [f"{section}.{k}" for k in fields[section]], where
                 )
-            field = SCHEMA[section][key]
-            value = _check_value(f"{section}.{key}", field, value, where)
+            field = fields[section][key]
+            value = check_value(f"{section}.{key}", field, value, where)
             if field.path and value is not None:
                 value = _resolve(value, base_dir)
             if key == "train_corpora" and value is not None:
                 value = _check_corpora(value, f"{where}: data.train_corpora", base_dir)
             config[section][key] = value
+
+
+def _refuse_other_types_key(key, model_type, where):
+    owners = [name for name, other in MODEL_TYPES.items() if key in other.keys]
+    if owners:
+        raise UserError(
+            f"{where}: model.{key} is a key of {' and '.join(owners)} models; this model's "
+            f"model.type is {model_type}"
+        )
+
+
+def _model_type(layer, where, default):
+    """The model type a config layer (the file, or the `--set` overrides) sets, else `default`."""
+    model = layer.get("model") if isinstance(layer, dict) else None
+    if not isinstance(model, dict) or "type" not in model:
+        return default
+    return check_value("model.type", model_keys(default)["type"], model["type"], where)
+
+
+def _without_other_types_keys(layer, model_type):
+    """`layer` less the model keys that only other model types have. They are dropped where
+    `--set model.type` changes the file's type, and from the configurations that releases
+    before per-type keys saved in work directories, which held every type's keys."""
+    model = layer.get("model") if isinstance(layer, dict) else None
+    if not isinstance(model, dict):
+        return layer
+    own = model_keys(model_type)
+    foreign = {key for other in MODEL_TYPES.values() for key in other.keys} - set(own)
+    return {**layer, "model": {k: v for k, v in model.items() if k not in foreign}}
 
 
 def _resolve(path, base_dir):
@@ -315,13 +249,13 @@ def _check_corpora(corpora, where, base_dir):
             missing = "target" if "source" in corpus else "source"
             raise UserError(f"{here}: {missing} is missing")
         entry = {
-            "weight": _check_value("weight", Field(float, 1.0), corpus.get("weight", 1.0), here)
+            "weight": check_value("weight", Field(float, 1.0), corpus.get("weight", 1.0), here)
         }
         if entry["weight"] <= 0:
             raise UserError(f"{here}: weight must be positive, got {entry['weight']!r}")
         for key in ("source", "target", "tsv"):
             if key in corpus:
-                entry[key] = _resolve(_check_value(key, Field(str, None), corpus[key], here),
+                entry[key] = _resolve(check_value(key, Field(str, None), corpus[key], here),
                                       base_dir)  # fmt: skip
         checked.append(entry)
     return checked
@@ -389,30 +323,7 @@ def _check_consistency(config, where):
             f"{where}: train.time_budget_hours needs a single-process strategy: workers would "
             "each measure their own time and could end at different epochs"
         )
-    if model["type"] == "transformer":
-        _check_transformer(config, where)
-    elif model["input_feeding"] and model["attention"] == "none":
-        raise UserError(f"{where}: model.input_feeding needs model.attention other than none")
-    if (
-        model["type"] == "rnn"
-        and model["attention"] == "luong_dot"
-        and model["decoder_units"] != _memory_dim(model)
-    ):
-        raise UserError(
-            f"{where}: model.attention luong_dot needs model.decoder_units "
-            f"({model['decoder_units']}) equal to the encoder output size ({_memory_dim(model)})"
-        )
-    if (
-        model["type"] == "rnn"
-        and model["attention"] == "multi_head"
-        and not model["attention_project_values"]
-        and _memory_dim(model) % model["attention_heads"]
-    ):
-        raise UserError(
-            f"{where}: model.attention_project_values false needs the encoder output size "
-            f"({_memory_dim(model)}) to divide by model.attention_heads "
-            f"({model['attention_heads']})"
-        )
+    MODEL_TYPES[model["type"]].check(config, where)
     formats = parse_export_formats(config["export"]["formats"], f"{where}: export.formats")
     check_formats_fit_model(formats, model["type"], f"{where}: export.formats")
     if data["shared_vocabulary"] and data["source_vocab_size"] != data["target_vocab_size"]:
@@ -440,31 +351,6 @@ def _check_consistency(config, where):
         raise UserError(f"{where}: train.bleu_every_epochs needs validation data")
 
 
-def _check_transformer(config, where):
-    model = config["model"]
-    if model["model_dim"] % model["num_heads"]:
-        raise UserError(
-            f"{where}: model.model_dim ({model['model_dim']}) must be divisible by "
-            f"model.num_heads ({model['num_heads']})"
-        )
-    if config["train"]["sampling_schedule"] != "none":
-        raise UserError(
-            f"{where}: train.sampling_schedule needs a recurrent model (model.type: rnn)"
-        )
-    if model["positions"] == "learned":
-        longest = max(
-            config["data"]["max_source_length"],
-            config["data"]["max_target_length"] + 1,
-            config["decode"]["max_source_length"],
-            config["decode"]["max_length_cap"],
-        )
-        if model["max_positions"] < longest:
-            raise UserError(
-                f"{where}: model.max_positions ({model['max_positions']}) must cover the "
-                f"longest sequence the model sees ({longest}: the data and decode length limits)"
-            )
-
-
 def parse_export_formats(text, where):
     """`"saved_model,onnx"` -> `["saved_model", "onnx"]`, refusing anything else."""
     formats = [f.strip() for f in text.split(",")]
@@ -477,20 +363,20 @@ def parse_export_formats(text, where):
 
 def check_formats_fit_model(formats, model_type, where):
     """Refuses a format that cannot hold a model of `model_type` (before training, not after)."""
-    if "ctranslate2" in formats and model_type != "transformer":
-        raise UserError(
-            f"{where}: ctranslate2 needs model.type: transformer, got {model_type} "
-            "(CTranslate2 has no recurrent encoder-decoder)"
-        )
+    for export_format in formats:
+        why = MODEL_TYPES[model_type].unfit_formats.get(export_format)
+        if why:
+            fitting = [n for n, t in MODEL_TYPES.items() if export_format not in t.unfit_formats]
+            raise UserError(
+                f"{where}: {export_format} needs model.type: {' or '.join(fitting)}, got "
+                f"{model_type} ({why})"
+            )
 
 
-def _memory_dim(model):
-    concat = model["bidirectional"] and model["merge_mode"] == "concat"
-    return model["encoder_units"] * (2 if concat else 1)
-
-
-def load_config(path=None, overrides=()):
-    """The validated configuration: defaults < the YAML file < `--set` overrides."""
+def load_config(path=None, overrides=(), saved=False):
+    """The validated configuration: defaults < the YAML file < `--set` overrides. `saved`: a
+    work directory's configuration, whose model keys of other model types (an older release
+    saved them all) are dropped."""
     path = Path(path) if path else DEFAULT_CONFIG
     where = str(path)
     try:
@@ -503,9 +389,15 @@ def load_config(path=None, overrides=()):
         raw = yaml.safe_load(text) or {}
     except yaml.YAMLError as error:
         raise UnusableFileError(where, f"invalid YAML: {error}") from None
-    config = defaults()
-    _merge(config, raw, where, path.resolve().parent)
-    _merge(config, parse_overrides(overrides), "--set", Path.cwd())
+    overrides = parse_overrides(overrides)
+    file_type = _model_type(raw, where, DEFAULT_MODEL_TYPE)
+    model_type = _model_type(overrides, "--set", file_type)
+    if saved or model_type != file_type:
+        raw = _without_other_types_keys(raw, model_type)
+    config = defaults(model_type)
+    fields = schema(model_type)
+    _merge(config, raw, where, path.resolve().parent, fields)
+    _merge(config, overrides, "--set", Path.cwd(), fields)
     _check_consistency(config, where)
     return config
 

@@ -87,9 +87,3 @@ class TrainingTransformer(DistributedTraining, layers.Transformer):
         self.token_accuracy.add_counts(hits, tokens)
         self.perplexity.update_state(nll_sum, mask)
         return loss_sum, tokens
-
-
-TRAINING_TWINS = {
-    layers.RecurrentSeq2Seq: TrainingRecurrentSeq2Seq,
-    layers.Transformer: TrainingTransformer,
-}

@@ -64,9 +64,10 @@ def _check_workdir(workdir, config):
     saved = workdir / CONFIG_FILE
     if not saved.is_file():
         return
-    previous = load_config(saved)
+    previous = load_config(saved, saved=True)
     for section in ("data", "model"):
-        changed = sorted(k for k in config[section] if config[section][k] != previous[section][k])
+        ours, theirs = config[section], previous[section]
+        changed = sorted(k for k in ours if ours[k] != theirs.get(k))
         if section == "data":  # paths may move; vocabulary and length settings may not
             changed = [k for k in changed if k not in RELOCATABLE_DATA_KEYS]
         if changed:
@@ -90,11 +91,11 @@ def fine_tuning_config(config, init_from):
     if not saved.is_file() or not (init_from / MODEL_FILE).is_file():
         raise UserError(f"--init-from {init_from}: no trained model there ({CONFIG_FILE} and "
                         f"{MODEL_FILE} expected)")  # fmt: skip
-    trained = load_config(saved)["model"]
+    trained = load_config(saved, saved=True)["model"]
     differing = sorted(
         key
         for key in config["model"]
-        if key not in FINE_TUNABLE_MODEL_KEYS and config["model"][key] != trained[key]
+        if key not in FINE_TUNABLE_MODEL_KEYS and config["model"][key] != trained.get(key)
     )
     if differing:
         key = differing[0]

@@ -39,6 +39,7 @@ from pipeline.distribution import WorkerLost, current_task, make_strategy, take_
 from pipeline.errors import UnusableFileError, UserError, first_line
 from pipeline.evaluation import score_translations
 from pipeline.model_builder import build_model
+from pipeline.model_types import MODEL_TYPES
 from pipeline.schedules import schedule_from_config
 from pipeline.tokenizer import prepare_tokenizers, training_tokenizers, vocabularies_to_build
 from pipeline.translation import SearchOptions, Translator
@@ -179,9 +180,7 @@ def _callbacks(config, workdir, task, manager, completed_epochs, translator, flo
                 translator, float32_model, sources, references, train["bleu_every_epochs"]
             )
         )
-    has_attention = (
-        config["model"]["type"] == "transformer" or config["model"]["attention"] != "none"
-    )
+    has_attention = MODEL_TYPES[config["model"]["type"]].attends(config["model"])
     if train["attention_images"] and has_valid and has_attention and task.is_chief:
         callbacks.append(
             training_callbacks.AttentionImages(

@@ -132,7 +132,7 @@ def load_trained(workdir):
             f"{workdir}: no trained model here (expected {CONFIG_FILE} and {MODEL_FILE}); "
             "run python -m pipeline.train first"
         )
-    config = load_config(config_path)
+    config = load_config(config_path, saved=True)
     source_path, target_path = vocabulary_paths(workdir)
     source_tokenizer, target_tokenizer = Tokenizer(source_path), Tokenizer(target_path)
     try:

@@ -51,7 +51,10 @@ def test_paths_resolve_against_the_config_file(tmp_path):
         (MINIMAL + "model:\n  bidirectional: 1\n", "model.bidirectional must be true or false"),
         (MINIMAL + "train:\n  batch_size: 0\n", "train.batch_size must be at least 1, got 0"),
         (MINIMAL + "model:\n  dropout: 1.5\n", "model.dropout must be at most 1.0"),
-        (MINIMAL + "model:\n  ffn_dropout: -0.1\n", "model.ffn_dropout must be at least 0.0"),
+        (
+            MINIMAL + "model:\n  type: transformer\n  ffn_dropout: -0.1\n",
+            "model.ffn_dropout must be at least 0.0",
+        ),
         (
             MINIMAL + "model:\n  cell_type: lstn\n",
             "model.cell_type must be one of lstm, gru, simple_rnn",

@@ -1,0 +1,155 @@
+"""Recurrent encoder-decoders with attention (`model.type: rnn`): Bahdanau et al. (2015) and
+Luong et al. (2015)."""
+
+from pipeline.errors import UserError
+from pipeline.fields import Field, positive_int
+from pipeline.model_types.model_type import ModelType
+
+ATTENTIONS = (
+    "bahdanau", "luong_dot", "luong_general", "luong_concat", "scaled_dot", "multi_head", "none",
+)  # fmt: skip
+
+KEYS = {
+    "cell_type": Field(str, "lstm", choices=("lstm", "gru", "simple_rnn")),
+    "embedding_dim": positive_int(256),
+    "encoder_units": positive_int(256),
+    "bidirectional": Field(bool, True),
+    "merge_mode": Field(str, "concat", choices=("concat", "sum")),  # of the two directions
+    "reverse_source": Field(bool, False),  # Sutskever et al.'s reversed source
+    "residual": Field(bool, False),  # residual connections between stacked layers
+    "decoder_units": positive_int(512),
+    "attention": Field(str, "bahdanau", choices=ATTENTIONS),
+    "attention_units": positive_int(256),  # the score's hidden size (bahdanau, luong_concat)
+    "attention_heads": positive_int(4),  # multi_head
+    "attention_normalize": Field(bool, False),  # bahdanau: weight-normalised v (Luong's 2017)
+    # luong_dot and luong_general: a learned gain on the scaled score, so that the attention
+    # can sharpen without its score growing unbounded (see docs)
+    "attention_scale": Field(bool, True),
+    # scaled_dot and multi_head: queries and keys normalised before their product, which keeps
+    # early attention from saturating
+    "attention_qk_norm": Field(bool, True),
+    # multi_head: mix learned projections of the memory, or (false) slices of the memory
+    # itself, which trained as well with fewer weights
+    "attention_project_values": Field(bool, False),
+    "input_feeding": Field(bool, False),  # Luong et al.'s attentional vector fed to the next step
+    "attention_vector_size": positive_int(None, nullable=True),  # null: decoder_units
+    "bridge": Field(str, "dense", choices=("dense", "copy", "zero")),  # encoder -> decoder state
+}
+
+
+def memory_dim(model):
+    """The width of the encoder's outputs, which the attention reads."""
+    concat = model["bidirectional"] and model["merge_mode"] == "concat"
+    return model["encoder_units"] * (2 if concat else 1)
+
+
+def check(config, where):
+    model = config["model"]
+    if model["input_feeding"] and model["attention"] == "none":
+        raise UserError(f"{where}: model.input_feeding needs model.attention other than none")
+    if model["attention"] == "luong_dot" and model["decoder_units"] != memory_dim(model):
+        raise UserError(
+            f"{where}: model.attention luong_dot needs model.decoder_units "
+            f"({model['decoder_units']}) equal to the encoder output size ({memory_dim(model)})"
+        )
+    if (
+        model["attention"] == "multi_head"
+        and not model["attention_project_values"]
+        and memory_dim(model) % model["attention_heads"]
+    ):
+        raise UserError(
+            f"{where}: model.attention_project_values false needs the encoder output size "
+            f"({memory_dim(model)}) to divide by model.attention_heads "
+            f"({model['attention_heads']})"
+        )
+
+
+def build_attention(model_config):
+    import layers
+
+    name, units = model_config["attention"], model_config["attention_units"]
+    if name == "none":
+        return None
+    if name == "bahdanau":
+        return layers.BahdanauAttention(units, normalize=model_config["attention_normalize"])
+    if name.startswith("luong_"):
+        score = name.removeprefix("luong_")
+        # The concat score's v already learns its scale.
+        scale = model_config["attention_scale"] and score != "concat"
+        return layers.LuongAttention(score, scale=scale, units=units)
+    if name == "scaled_dot":
+        return layers.ScaledDotProductAttention(
+            projection_dim=units, project_values=True, qk_norm=model_config["attention_qk_norm"]
+        )
+    heads = model_config["attention_heads"]
+    return layers.MultiHeadCrossAttention(
+        heads,
+        key_dim=max(1, units // heads),
+        qk_norm=model_config["attention_qk_norm"],
+        project_values=model_config["attention_project_values"],
+    )
+
+
+def sampling_schedule(train_config):
+    import layers
+
+    if train_config["sampling_schedule"] == "none":
+        return None
+    return layers.SamplingSchedule(
+        train_config["sampling_schedule"],
+        probability=train_config["sampling_probability"],
+        decay_steps=train_config["sampling_decay_steps"],
+    )
+
+
+def build(config, source_vocab_size, target_vocab_size, for_training):
+    import layers
+    from pipeline.distributed_training import TrainingRecurrentSeq2Seq
+
+    model_config = config["model"]
+    encoder = layers.RecurrentEncoder(
+        source_vocab_size,
+        model_config["embedding_dim"],
+        model_config["encoder_units"],
+        num_layers=model_config["encoder_layers"],
+        cell_type=model_config["cell_type"],
+        bidirectional=model_config["bidirectional"],
+        merge_mode=model_config["merge_mode"],
+        dropout=model_config["dropout"],
+        residual=model_config["residual"],
+        reverse_source=model_config["reverse_source"],
+        name="encoder",
+    )
+    decoder = layers.AttentionDecoder(
+        target_vocab_size,
+        model_config["embedding_dim"],
+        model_config["decoder_units"],
+        num_layers=model_config["decoder_layers"],
+        cell_type=model_config["cell_type"],
+        attention=build_attention(model_config),
+        input_feeding=model_config["input_feeding"],
+        attention_vector_size=model_config["attention_vector_size"],
+        dropout=model_config["dropout"],
+        residual=model_config["residual"],
+        name="decoder",
+    )
+    model_class = TrainingRecurrentSeq2Seq if for_training else layers.RecurrentSeq2Seq
+    return model_class(
+        encoder,
+        decoder,
+        bridge=model_config["bridge"],
+        label_smoothing=config["train"]["label_smoothing"],
+        scheduled_sampling=sampling_schedule(config["train"]),
+        share_embeddings=model_config["share_embeddings"],
+        name="seq2seq",
+    )
+
+
+RECURRENT = ModelType(
+    name="rnn",
+    keys=KEYS,
+    check=check,
+    build=build,
+    attends=lambda model_config: model_config["attention"] != "none",
+    unfit_formats={"ctranslate2": "CTranslate2 has no recurrent encoder-decoder"},
+)
