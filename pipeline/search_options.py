@@ -97,8 +97,12 @@ EXPORTED_OPTIONS = tuple(option for option in SEARCH_OPTIONS if option.exported)
 
 
 def check_values(values, name_of=lambda option: option.name):
-    """Raises a `UserError` naming (by `name_of`) the first option whose value is wrong."""
+    """Raises a `UserError` naming (by `name_of`) the first option whose value is wrong, a
+    `TypeError` for a name that is no search option (a caller's mistake)."""
     for name, value in values.items():
+        if name not in OPTIONS_BY_NAME:
+            raise TypeError(f"unknown search option {name!r}: the options are "
+                            f"{', '.join(OPTIONS_BY_NAME)}")  # fmt: skip
         problem = OPTIONS_BY_NAME[name].problem(value)
         if problem:
             raise UserError(f"{name_of(OPTIONS_BY_NAME[name])} {problem}")
@@ -113,16 +117,20 @@ def check_values(values, name_of=lambda option: option.name):
 
 
 def _from_config(cls, decode_config, **overrides):
-    """The model's decode section, then `overrides` (None: not given), checked; a beam
-    narrower than a requested `n_best` widens to it unless the beam was asked for too."""
-    overrides = {name: value for name, value in overrides.items() if value is not None}
-    check_values(overrides)
+    """The model's decode section, then `overrides` (as `with_overrides`)."""
     values = {option.name: decode_config[option.name] for option in CONFIGURED_OPTIONS
               if option.name in decode_config}  # fmt: skip
-    values.update(overrides)
+    return cls(**values).with_overrides(**overrides)
+
+
+def _with_overrides(self, **overrides):
+    """These options with `overrides` (None: not given), checked; a beam narrower than a
+    requested `n_best` widens to it unless the beam was asked for too."""
+    overrides = {name: value for name, value in overrides.items() if value is not None}
+    check_values(overrides)
     if "beam_size" not in overrides:
-        values["beam_size"] = max(values.get("beam_size", 1), values.get("n_best", 1))
-    return cls(**values)
+        overrides["beam_size"] = max(self.beam_size, overrides.get("n_best", self.n_best))
+    return dataclasses.replace(self, **overrides)
 
 
 SearchOptions = dataclasses.make_dataclass(
@@ -137,6 +145,7 @@ SearchOptions = dataclasses.make_dataclass(
         "option as an input, its field holds that input's tensor.",
         "__module__": __name__,
         "from_config": classmethod(_from_config),
+        "with_overrides": _with_overrides,
     },
     frozen=True,
 )

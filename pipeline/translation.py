@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from pipeline.length_batches import length_sorted_batches
 from pipeline.search import search
-from pipeline.search_options import SearchOptions, check_values
+from pipeline.search_options import SearchOptions
 from pipeline.tokenizer import EOS_ID, PAD_ID, UNK_ID
 
 __all__ = ["Hypothesis", "SearchOptions", "Translator", "replace_unknown"]
@@ -52,14 +52,6 @@ class Translator:
         self.batch_size = batch_size
         self._searches = {}  # SearchOptions -> its traced searches, without and with a prefix
 
-    def _options(self, overrides):
-        """`self.options` with the options of one call (as `SearchOptions.from_config`)."""
-        overrides = {name: value for name, value in overrides.items() if value is not None}
-        check_values(overrides)
-        if "n_best" in overrides and "beam_size" not in overrides:
-            overrides["beam_size"] = max(self.options.beam_size, overrides["n_best"])
-        return dataclasses.replace(self.options, **overrides)
-
     def _searchers(self, options):
         if options not in self._searches:
 
@@ -80,7 +72,7 @@ class Translator:
         `options`: any `SearchOptions` field, for this call (None: the translator's)."""
         if not sentences:
             return []
-        options = self._options(options)
+        options = self.options.with_overrides(**options)
         without_prefix, with_prefix = self._searchers(options)
         source_ids = self.source_tokenizer.tokenize(tf.constant(sentences))
         source_ids = source_ids[:, : options.max_source_length]  # as the exports do

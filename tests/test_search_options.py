@@ -97,3 +97,17 @@ def test_an_option_lives_in_its_declaration_and_the_search_only(option):
     """What a new option touches: its declaration and its search code; the config, the
     flags, `SearchOptions`, the exported signatures and `model.json` derive from it."""
     assert files_naming(option) == SEARCH_CODE
+
+
+def test_an_unknown_option_is_named_as_a_type_error():
+    with pytest.raises(TypeError, match="unknown search option 'beam_width'"):
+        SearchOptions().with_overrides(beam_width=4)
+
+
+def test_overrides_widen_the_beam_to_n_best_unless_the_beam_is_given():
+    options = SearchOptions(beam_size=2)
+    assert options.with_overrides(n_best=3).beam_size == 3
+    assert options.with_overrides(n_best=1).beam_size == 2
+    with pytest.raises(UserError, match="cannot exceed"):
+        options.with_overrides(n_best=3, beam_size=2)
+    assert SearchOptions.from_config({"beam_size": 2}, n_best=4).beam_size == 4
