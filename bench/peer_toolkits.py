@@ -363,7 +363,7 @@ def opennmt_tf_model_file(family, path):
 OPENNMT_TF_RNN_PARAMS = {"optimizer": "Adam", "learning_rate": 0.0002}
 
 
-def opennmt_tf_files(family, root, workdir, train):
+def opennmt_tf_files(family, root, workdir, train, params=None):
     models = vocabulary_models(family, root)
     vocabularies = opennmt_vocabularies(family, root)
     paths = data_paths(root)
@@ -388,6 +388,7 @@ def opennmt_tf_files(family, root, workdir, train):
         "params": {
             "beam_width": BEAM_SIZE,
             **({} if family.name == "transformer" else OPENNMT_TF_RNN_PARAMS),
+            **(params or {}),
         },
         "train": {
             "batch_type": "tokens" if batch_type == "tokens" else "examples",
@@ -623,6 +624,9 @@ def quality(root, families, minutes, threads, toolkits=TOOLKITS):
     for family in families:
         build_vocabularies(family, root)
         for toolkit in toolkits:
+            if toolkit.endswith(FITTED) and family is not TRANSFORMER:
+                print(f"{family.name}, {toolkit}: a fitted schedule is the Transformer's only")
+                continue
             keys = ["quality", family.name, toolkit]
             if load_results(root).get("quality", {}).get(family.name, {}).get(toolkit):
                 print(f"{family.name}, {toolkit}: trained and scored before, skipped")
@@ -666,13 +670,15 @@ def ours_quality(family, root, workdir, seconds, threads):
                 workdir / "translate.log", env=our_environment())  # fmt: skip
 
 
-def opennmt_tf_quality(family, root, workdir, seconds, threads):
-    """`train` for the steps of `seconds` (auto_config; it averages its last 8 checkpoints at
-    the end), then `infer` with the average, beam 5, detokenised by its own tokenizer."""
+def opennmt_tf_quality(family, root, workdir, seconds, threads, fitted=False):
+    """`train` for the steps of `seconds` (auto_config, or with `fitted`, its schedule
+    replaced by `fitted_schedule`; it averages its last 8 checkpoints at the end), then
+    `infer` with the average, beam 5, detokenised by its own tokenizer."""
     steps = training_steps(root, family, "opennmt-tf", seconds, threads)
     config, model = opennmt_tf_files(family, root, workdir, {
         "max_step": steps, "save_summary_steps": 100,
-        "save_checkpoints_steps": max(1, steps // QUALITY_CHECKPOINTS)})  # fmt: skip
+        "save_checkpoints_steps": max(1, steps // QUALITY_CHECKPOINTS)},
+        fitted_schedule(family, "opennmt-tf") if fitted else {})  # fmt: skip
     env = environment("opennmt-tf", threads)
     average = workdir / "model" / "avg"
     if not average.exists():
@@ -686,16 +692,18 @@ def opennmt_tf_quality(family, root, workdir, seconds, threads):
                 workdir / "translate.log", env=env)  # fmt: skip
 
 
-def opennmt_py_quality(family, root, workdir, seconds, threads):
-    """`onmt_train` for the steps of `seconds` (its FAQ's schedule), then `onmt_translate`
-    with its last checkpoint, beam 5, on SentencePiece pieces (decoded here)."""
+def opennmt_py_quality(family, root, workdir, seconds, threads, fitted=False):
+    """`onmt_train` for the steps of `seconds` (its FAQ's schedule, or with `fitted`,
+    `fitted_schedule`), then `onmt_translate` with its last checkpoint, beam 5, on
+    SentencePiece pieces (decoded here)."""
     import sentencepiece
 
     steps = training_steps(root, family, "opennmt-py", seconds, threads)
     config = opennmt_py_files(family, root, workdir, {
         "train_steps": steps, "report_every": 100, "valid_steps": 10 * steps,
         "save_checkpoint_steps": max(1, steps // QUALITY_CHECKPOINTS),
-        **OPENNMT_PY_SCHEDULES[family.name]})  # fmt: skip
+        **OPENNMT_PY_SCHEDULES[family.name],
+        **(fitted_schedule(family, "opennmt-py") if fitted else {})})  # fmt: skip
     env = environment("opennmt-py", threads)
     checkpoint = workdir / "model" / f"model_step_{steps}.pt"
     if not checkpoint.exists():
@@ -720,9 +728,33 @@ def opennmt_py_quality(family, root, workdir, seconds, threads):
         )
 
 
+def fitted_schedule(family, toolkit):
+    """Our recipe's schedule in the peer's terms, for a run as short as the quality budget:
+    the documented Transformer warm-up (8,000 steps) outlasts such a run. Noam's rate
+    (Vaswani et al., 2017), scale * model_dim^-0.5 * min(step^-0.5, step * warmup^-1.5),
+    is our inverse_sqrt schedule when scale = peak * sqrt(model_dim * warmup); Adam's beta2
+    and the gradient clipping are ours too."""
+    recipe = yaml.safe_load((PROJECT_ROOT / family.recipe).read_text(encoding="utf-8"))
+    train, model_dim = recipe["train"], recipe["model"]["model_dim"]
+    warmup, peak = train["warmup_steps"], train["learning_rate"]
+    scale = peak * (model_dim * warmup) ** 0.5
+    if toolkit == "opennmt-tf":
+        return {"learning_rate": scale, "clip_gradients": train["clip_norm"],
+                "decay_params": {"model_dim": model_dim, "warmup_steps": warmup},
+                "optimizer_params": {"beta_1": 0.9, "beta_2": 0.999}}  # fmt: skip
+    return {"learning_rate": scale, "warmup_steps": warmup, "adam_beta2": 0.999,
+            "max_grad_norm": train["clip_norm"]}  # fmt: skip
+
+
 QUALITY_CHECKPOINTS = 20  # the peers' checkpoints in a quality run: OpenNMT-tf averages the last 8
+FITTED = "-fitted"  # a peer's quality run with `fitted_schedule`
 QUALITY_RUNS = {"ours": ours_quality, "opennmt-tf": opennmt_tf_quality,
                 "opennmt-py": opennmt_py_quality}  # fmt: skip
+QUALITY_RUNS.update({
+    peer + FITTED: lambda *args, run=QUALITY_RUNS[peer]: run(*args, fitted=True)
+    for peer in PEERS
+})  # fmt: skip
+QUALITY_TOOLKITS = tuple(QUALITY_RUNS)
 
 
 # --- inference ---------------------------------------------------------------------------
@@ -891,8 +923,10 @@ def main(argv=None):
     quality_parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
     quality_parser.add_argument("--minutes", type=float, default=30)
     quality_parser.add_argument("--threads", type=int, default=2)
-    quality_parser.add_argument("--toolkits", nargs="+", default=list(TOOLKITS), choices=TOOLKITS,
-                                help="the order they train in")  # fmt: skip
+    quality_parser.add_argument("--toolkits", nargs="+", default=list(TOOLKITS),
+                                choices=QUALITY_TOOLKITS,
+                                help=f"the order they train in ({FITTED}: the peer with our "
+                                     "recipe's schedule, Transformer only)")  # fmt: skip
     inference_parser = sub.add_parser("inference", help="translation speed of quality's models")
     inference_parser.add_argument("--family", default="transformer", choices=["transformer"])
     inference_parser.add_argument("--sentences", type=int, default=1000)
