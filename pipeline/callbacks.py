@@ -195,17 +195,17 @@ class CheckpointEveryNSteps(keras.callbacks.Callback):
 
 
 class TrainingClock(keras.callbacks.Callback):
-    """Counts the run's training time across resumes in `seconds`, a float64 variable kept in
-    the checkpoint; `record` brings it up to date (at each epoch end and before each save, so
-    that the last checkpoint holds the time that the run reports)."""
+    """Counts the run's training time across resumes in `state.training_seconds`; `record`
+    brings it up to date (at each epoch end and before each save, so that the last checkpoint
+    holds the time that the run reports)."""
 
-    def __init__(self, seconds):
+    def __init__(self, state):
         super().__init__()
-        self.seconds = seconds
+        self.seconds = state.training_seconds
         self._recorded = None
 
     def record(self):
-        """Adds the time since the last call (or the fit's start) to `seconds`."""
+        """Adds the time since the last call (or the fit's start) to the training time."""
         now = time.perf_counter()
         self.seconds.assign_add(now - self._recorded)
         self._recorded = now
@@ -218,26 +218,24 @@ class TrainingClock(keras.callbacks.Callback):
 
 
 class TimeBudget(keras.callbacks.Callback):
-    """Ends training within `hours` of training time, counted across resumes by `clock` (a
-    `TrainingClock` placed before this callback).
+    """Ends training within `train.time_budget_hours` of training time, which a
+    `TrainingClock` (before this callback in `ORDER`) counts across resumes in `state`.
 
-    At each epoch end, when one more epoch and then the cool-down (`cooldown_epochs`), at the
-    mean epoch time measured so far, would not fit what is left, the cool-down begins at once and
-    training stops at its end; without a cool-down, training stops there. `last_epoch`, a
-    variable kept in the checkpoint, is the last epoch once decided (0 before): a resumed run
-    keeps it.
+    At each epoch end, when one more epoch and then the cool-down (`train.cooldown_epochs`),
+    at the mean epoch time measured so far, would not fit what is left, the cool-down begins at
+    once and training stops at its end; without a cool-down, training stops there.
+    `state.last_epoch` is the last epoch once decided (0 before): a resumed run keeps it.
     """
 
-    def __init__(self, hours, clock, last_epoch, epochs, cooldown_epochs, steps_per_epoch,
-                 schedule, log=print):  # fmt: skip
+    def __init__(self, train, state, steps_per_epoch, schedule, log=print):
         super().__init__()
-        self.budget = hours * 3600.0
-        self.epochs = epochs  # the most, and where the configured cool-down ends
-        self.cooldown_epochs = cooldown_epochs
+        self.budget = train["time_budget_hours"] * 3600.0
+        self.epochs = train["epochs"]  # the most, and where the configured cool-down ends
+        self.cooldown_epochs = min(train["cooldown_epochs"], train["epochs"])
         self.steps_per_epoch = steps_per_epoch
         self.schedule = schedule
         self.log = log
-        self.seconds, self.last_epoch = clock.seconds, last_epoch
+        self.seconds, self.last_epoch = state.training_seconds, state.last_epoch
         self._epoch_seconds = []
 
     def on_train_begin(self, logs=None):
@@ -277,23 +275,9 @@ class TimeBudget(keras.callbacks.Callback):
         return last
 
 
-class EarlyStoppingState(tf.Module):
-    """What `EarlyStopping` keeps in the checkpoint, so that a resumed run stops where an
-    uninterrupted one would: the lowest validation loss so far (`best`), the epochs since
-    (`wait`), the epoch that reached it (`best_epoch`, 0 before any) and copies of `model`'s
-    weights at that epoch (`copies`)."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.best = tf.Variable(math.inf, dtype=tf.float64, trainable=False)
-        self.wait = tf.Variable(0, dtype=tf.int64, trainable=False)
-        self.best_epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
-        self.copies = [tf.Variable(tf.zeros_like(w), trainable=False) for w in model.weights]
-
-
 class EarlyStopping(keras.callbacks.Callback):
     """Stops training once the validation loss has not fallen for `patience` epochs; its
-    `state` is an `EarlyStoppingState`."""
+    `state` is a `run_state.EarlyStoppingState`."""
 
     def __init__(self, patience, state, log=print):
         super().__init__()
@@ -321,13 +305,6 @@ class EarlyStopping(keras.callbacks.Callback):
                 f"Early stopping: the validation loss has not fallen for {self.patience} epochs "
                 f"(best {best:.3f}, after epoch {best_epoch})"
             )
-
-    def restore_best(self, model):
-        """Gives `model` the best epoch's weights; returns that epoch (0: none yet)."""
-        best_epoch = int(self.state.best_epoch.numpy())
-        if best_epoch:
-            model.set_weights([copy.numpy() for copy in self.state.copies])
-        return best_epoch
 
 
 class StopOnNonFiniteLoss(keras.callbacks.Callback):
@@ -462,3 +439,34 @@ class AttentionImages(keras.callbacks.Callback):
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+
+# The order the callbacks run in, at each step's and each epoch's end: each may rely on the
+# work of those before it.
+ORDER = (
+    FirstStepTime,
+    StopOnNonFiniteLoss,  # before any checkpoint of the step
+    TargetTokensPerSecond,
+    TrainingClock,  # the time, before the budget reads it and a checkpoint keeps it
+    TimeBudget,  # the stopping rules, before the checkpoint that keeps their decisions
+    EarlyStopping,
+    CheckpointEveryNSteps,
+    ReportAtTrainingEnd,
+    ValidationBleu,  # these two translate, which takes long: after the checkpoint
+    AttentionImages,
+    EpochProgress,  # after the callbacks that add to the logs
+    keras.callbacks.TensorBoard,
+    StopOnSignal,  # last: on a signal, the others' train-end work happens first
+)
+
+
+def in_order(callbacks):
+    """`callbacks` sorted as `ORDER` says; a callback of a class not in it is a TypeError."""
+
+    def place(callback):
+        for index, kind in enumerate(ORDER):
+            if isinstance(callback, kind):
+                return index
+        raise TypeError(f"{type(callback).__name__} has no place in callbacks.ORDER")
+
+    return sorted(callbacks, key=place)

@@ -1,6 +1,6 @@
 """Training checkpoints: what they hold, and reading a model's weights back from them.
 
-A checkpoint holds the model, its Adam optimizer and the count of finished epochs. Keras 3
+A checkpoint holds the model, its Adam optimizer and the run's state (`run_state`). Keras 3
 does not track layers kept in Python lists (stacked recurrent layers, Transformer layers) for
 `tf.train.Checkpoint`; their weights reach the checkpoint through the optimizer's list of the
 model's trainable variables. So whatever reads a checkpoint builds the same optimizer as
@@ -12,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from pipeline.errors import UnusableFileError, UserError, first_line
+from pipeline.run_state import training_checkpoint
 from pipeline.schedules import schedule_from_config
 
 
@@ -89,52 +90,6 @@ def make_optimizer(train, schedule=None):
     return adam
 
 
-EPOCH_STEPS = "epoch_steps"  # the training checkpoint's name for the run's epoch length
-TRAINING_TIME = "training_time"  # ... for its training time (`callbacks.TrainingClock`)
-TIME_BUDGET = "time_budget"  # ... for a time budget's state (`callbacks.TimeBudget`)
-EARLY_STOPPING = "early_stopping"  # ... and for early stopping's (`callbacks.EarlyStopping`)
-
-
-def holds_entry(checkpoint_path, name):
-    """Whether a training checkpoint holds the optional entry `name` (`EPOCH_STEPS`,
-    `TRAINING_TIME`, `TIME_BUDGET`, `EARLY_STOPPING`): those from before it existed, or from
-    runs without it, resume without. A damaged one says True: restoring it reports the damage."""
-    try:
-        keys = tf.train.load_checkpoint(checkpoint_path).get_variable_to_shape_map()
-    except Exception:  # the checkpoint reader raises many types for a damaged file
-        return True
-    return any(key.startswith(f"{name}/") for key in keys)
-
-
-def training_checkpoint(
-    model, optimizer, completed_epochs, stream_positions=(), epoch_steps=None,
-    training_time=None, time_budget=None, early_stopping=None,
-):  # fmt: skip
-    """The `tf.train.Checkpoint` that training saves and resumes from: with the training
-    stream's position in each corpus (`stream_positions`), the run's steps per epoch
-    (`epoch_steps`), its training time in seconds (`training_time`), its time budget's
-    variables (`time_budget`, a dict) and early stopping's state (`early_stopping`, a
-    trackable), when given."""
-    extra = {} if epoch_steps is None else {EPOCH_STEPS: epoch_steps}
-    if training_time is not None:
-        extra[TRAINING_TIME] = training_time
-    if time_budget is not None:
-        extra[TIME_BUDGET] = tf.train.Checkpoint(**time_budget)
-    if early_stopping is not None:
-        extra[EARLY_STOPPING] = early_stopping
-    checkpoint = tf.train.Checkpoint(
-        model=model,
-        optimizer=optimizer,
-        epochs=completed_epochs,
-        stream=tf.train.Checkpoint(**{f"corpus_{i}": p for i, p in enumerate(stream_positions)}),
-        **extra,
-    )
-    # Restoring would create the save counter, and under multi_worker creating a variable is a
-    # collective op every worker must join; only the chief restores, so create it here.
-    checkpoint.save_counter  # noqa: B018
-    return checkpoint
-
-
 def last_checkpoints(checkpoint_dir, count, up_to_step=None):
     """The `count` most recent checkpoint prefixes in `checkpoint_dir` (those saved at or
     before training step `up_to_step`, when given), oldest first."""
@@ -169,7 +124,7 @@ def average_checkpoints(model, train, paths):
     optimizer = getattr(model, "optimizer", None) or make_optimizer(train)
     if not optimizer.built:
         optimizer.build(model.trainable_variables)
-    reader = training_checkpoint(model, optimizer, tf.Variable(0, dtype=tf.int64))
+    reader = training_checkpoint(model, optimizer)
     total = [np.zeros(weight.shape, dtype=np.float64) for weight in original]
     try:
         for path in paths:

@@ -2,14 +2,14 @@
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from helpers import SMOKE
 from pipeline import average, train
-from pipeline.checkpoints import average_checkpoints, make_optimizer, training_checkpoint
+from pipeline.checkpoints import average_checkpoints, make_optimizer
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.model_builder import build_model
+from pipeline.run_state import RunState, training_checkpoint
 from pipeline.workdir import load_trained
 
 TRAIN = load_config(SMOKE)["train"]
@@ -20,11 +20,10 @@ def smoke_model(vocab_size=50):
 
 
 def save_checkpoint(model, prefix):
-    """As training saves: the model, its optimizer and the epoch counter."""
+    """As training saves: the model, its optimizer and the run's state."""
     optimizer = make_optimizer(TRAIN)
     optimizer.build(model.trainable_variables)
-    epochs = tf.Variable(1, dtype=tf.int64)
-    return training_checkpoint(model, optimizer, epochs).save(str(prefix))
+    return training_checkpoint(model, optimizer, RunState(1)).save(str(prefix))
 
 
 def test_the_average_is_the_mean_of_each_weight(tmp_path):

@@ -17,10 +17,10 @@ import pytest
 import tensorflow as tf
 
 from helpers import SMOKE
-from pipeline.checkpoints import EARLY_STOPPING
 from pipeline.config import PROJECT_ROOT, load_config
 from pipeline.distribution import EXIT_RESTART, SCRATCH_DIR, Task, current_task
 from pipeline.errors import UserError
+from pipeline.run_state import EARLY_STOPPING
 
 QUICK = ["--set", "train.bleu_every_epochs=0", "--set", "data.test_source=null",
          "--set", "data.test_target=null"]  # fmt: skip

@@ -15,15 +15,22 @@ import yaml
 
 from pipeline import callbacks as training_callbacks
 from pipeline import train, trainer
-from pipeline.callbacks import EarlyStopping, EarlyStoppingState
-from pipeline.checkpoints import (
+from pipeline.callbacks import EarlyStopping
+from pipeline.checkpoints import make_optimizer
+from pipeline.config import PROJECT_ROOT, load_config
+from pipeline.errors import UnusableFileError
+from pipeline.run_state import (
     EARLY_STOPPING,
     EPOCH_STEPS,
+    EPOCHS,
+    STREAM,
     TIME_BUDGET,
     TRAINING_TIME,
-    holds_entry,
+    EarlyStoppingState,
+    RunState,
+    restore_run,
+    training_checkpoint,
 )
-from pipeline.config import PROJECT_ROOT, load_config
 from pipeline.trainer import PROFILE_AFTER
 
 SMOKE = str(PROJECT_ROOT / "configs" / "smoke.yaml")
@@ -36,6 +43,11 @@ def trained(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("smoke")
     history = train.main(["--config", SMOKE, "--workdir", str(workdir)])
     return workdir, history
+
+
+def holds_entry(checkpoint, name):
+    keys = tf.train.load_checkpoint(checkpoint).get_variable_to_shape_map()
+    return any(key.startswith(f"{name}/") for key in keys)
 
 
 def checkpoint_steps(workdir):
@@ -90,21 +102,99 @@ def test_rerun_resumes_where_it_stopped(trained, capsys):
     assert checkpoint_steps(workdir)[-1] == 12  # the step count continued
 
 
-def test_checkpoints_from_before_the_epoch_length_was_kept_still_resume(
+# Each checkpoint format's entries beside the model and optimizer, oldest first; "budget"
+# stands for the time budget's entry as it was then: its decision and the training time.
+FORMATS = {
+    "first": (EPOCHS, STREAM),
+    "epoch length": (EPOCHS, STREAM, EPOCH_STEPS),
+    "time budget": (EPOCHS, STREAM, EPOCH_STEPS, "budget"),
+    "early stopping": (EPOCHS, STREAM, EPOCH_STEPS, "budget", EARLY_STOPPING),
+    "training time": (EPOCHS, STREAM, EPOCH_STEPS, TRAINING_TIME, EARLY_STOPPING),
+    "current": (EPOCHS, STREAM, EPOCH_STEPS, TRAINING_TIME, TIME_BUDGET, EARLY_STOPPING),
+}
+
+
+def written_as(form, model, optimizer, state):
+    """The checkpoint of `state` as the format `form` of `FORMATS` wrote it."""
+    entries = state.entries()
+    entries["budget"] = tf.train.Checkpoint(
+        last_epoch=state.last_epoch, seconds=state.training_seconds
+    )
+    return tf.train.Checkpoint(model=model, optimizer=optimizer, **{
+        TIME_BUDGET if name == "budget" else name: entries[name] for name in FORMATS[form]
+    })  # fmt: skip
+
+
+@pytest.mark.parametrize("form", FORMATS)
+def test_a_checkpoint_of_every_format_restores_what_it_holds(tmp_path, form):
+    """Each format's entries come back; those it lacks keep their initial values, and
+    `restore_run` names them."""
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    optimizer = make_optimizer(load_config(SMOKE)["train"])
+    optimizer.build(model.trainable_variables)
+    saved = RunState(2, model)
+    values = {"completed_epochs": 3, "epoch_steps": 7, "training_seconds": 12.5, "last_epoch": 4}
+    for name, value in values.items():
+        getattr(saved, name).assign(value)
+    for position, value in zip(saved.positions, (11, 13), strict=True):
+        position.assign(value)
+    saved.early_stopping.best_epoch.assign(2)
+    path = written_as(form, model, optimizer, saved).save(str(tmp_path / "ckpt"))
+
+    restored = RunState(2, model)
+    lacked = restore_run(path, model, optimizer, restored)
+    held = set(FORMATS[form])
+    if "budget" in held:
+        held |= {TRAINING_TIME, TIME_BUDGET}
+    assert lacked == set(restored.entries()) - held
+    expected = {
+        "completed_epochs": 3,
+        "epoch_steps": 7 if EPOCH_STEPS in held else 0,
+        "training_seconds": 12.5 if TRAINING_TIME in held else 0.0,
+        "last_epoch": 4 if TIME_BUDGET in held else 0,
+    }
+    assert {name: getattr(restored, name).numpy() for name in values} == expected
+    assert [int(p.numpy()) for p in restored.positions] == [11, 13]
+    assert int(restored.early_stopping.best_epoch.numpy()) == (2 if EARLY_STOPPING in held else 0)
+
+
+def test_a_damaged_checkpoint_is_named_and_changes_nothing(tmp_path):
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    optimizer = make_optimizer(load_config(SMOKE)["train"])
+    optimizer.build(model.trainable_variables)
+    path = training_checkpoint(model, optimizer, RunState(1)).save(str(tmp_path / "ckpt"))
+    data = next(tmp_path.glob("ckpt-1.data-*"))
+    data.write_bytes(data.read_bytes()[:10])
+    state = RunState(1)
+    with pytest.raises(UnusableFileError, match="cannot restore this checkpoint"):
+        restore_run(path, model, optimizer, state)
+    assert int(state.completed_epochs.numpy()) == 0
+
+
+def test_a_run_of_the_first_checkpoint_format_resumes_without_a_budget(
     tmp_path, monkeypatch, capsys
 ):
+    """Its checkpoints hold no epoch length (estimated again) and no training time (counted
+    from the resume), so a time budget, which could not count the time so far, is refused."""
     quick = ["--config", SMOKE, "--workdir", str(tmp_path), "--set", "train.steps_per_epoch=2",
              "--set", "train.bleu_every_epochs=0", "--set", "data.test_source=null",
              "--set", "data.test_target=null"]  # fmt: skip
-    keeping = trainer.training_checkpoint
-    with monkeypatch.context() as patch:  # the checkpoints as written before
-        patch.setattr(trainer, "training_checkpoint", lambda *args: keeping(*args[:4]))
+    with monkeypatch.context() as patch:  # the checkpoints as written then
+        patch.setattr(trainer, "training_checkpoint",
+                      lambda *args: written_as("first", *args))  # fmt: skip
         train.main([*quick, "--set", "train.epochs=1"])
-    assert not holds_entry(tf.train.latest_checkpoint(str(tmp_path / "checkpoints")), EPOCH_STEPS)
+    latest = tf.train.latest_checkpoint(str(tmp_path / "checkpoints"))
+    assert not holds_entry(latest, EPOCH_STEPS) and not holds_entry(latest, TRAINING_TIME)
     capsys.readouterr()
+    with pytest.raises(SystemExit):
+        train.main([*quick, "--set", "train.epochs=2", "--set", "train.time_budget_hours=1"])
+    assert "do not hold the run's training time" in capsys.readouterr().err
+    assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")) == latest
     history = train.main([*quick, "--set", "train.epochs=2"])
-    assert "(step 2, 1 epochs done)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "(step 2, 1 epochs done)" in out and "holds no training time" in out
     assert len(history["loss"]) == 1
+    assert holds_entry(tf.train.latest_checkpoint(str(tmp_path / "checkpoints")), TRAINING_TIME)
 
 
 @pytest.mark.parametrize(
@@ -143,11 +233,11 @@ def test_early_stopping_counts_on_across_a_resume_and_restores_the_best_epoch(tm
     saved = tf.train.Checkpoint(state=state).save(str(tmp_path / "ckpt"))
     resumed = EarlyStoppingState(model)
     tf.train.Checkpoint(state=resumed).restore(saved).assert_consumed()
-    stopping = run(resumed, [2.5, 2.4], 2)
+    run(resumed, [2.5, 2.4], 2)
     assert model.stop_training
     assert logged == ["Early stopping: the validation loss has not fallen for 2 epochs "
                       "(best 2.000, after epoch 2)"]  # fmt: skip
-    assert stopping.restore_best(model) == 2
+    assert resumed.restore_best(model) == 2
     assert kernel.numpy().tolist() == [[2.0], [2.0]]
 
 
@@ -245,15 +335,16 @@ def test_without_a_cooldown_a_time_budget_stops_at_an_epoch_end(tmp_path, capsys
     assert "Time budget: 0.00 of 1e-06 h used" in capsys.readouterr().out
 
 
-def test_a_budget_added_to_a_run_begun_without_one_is_refused(tmp_path, capsys):
+def test_a_budget_added_to_a_run_begun_without_one_counts_its_time_so_far(tmp_path, capsys):
     command = ["--config", SMOKE, "--workdir", str(tmp_path), "--set", "train.epochs=1",
                "--set", "train.bleu_every_epochs=0", "--set", "data.test_source=null",
                "--set", "data.test_target=null"]  # fmt: skip
     train.main(command)
     capsys.readouterr()
-    with pytest.raises(SystemExit):
-        train.main([*command, "--set", "train.epochs=2", "--set", "train.time_budget_hours=1"])
-    assert "this run began without train.time_budget_hours" in capsys.readouterr().err
+    budget = ["--set", "train.epochs=3", "--set", "train.time_budget_hours=0.000001"]
+    assert len(train.main([*command, *budget])["loss"]) == 1  # the budget was spent already
+    out = capsys.readouterr().out
+    assert "Time budget: 1e-06 h of training" in out and "training stops here" in out
 
 
 def test_a_work_directory_of_another_model_is_refused(trained, capsys):
@@ -312,3 +403,11 @@ def test_the_main_job_prints_a_short_report_and_logs_attention_images(tmp_path):
         assert any(line.startswith(start) for line in lines), start
     logged = summary_tags(tmp_path / "logs" / "validation", "images")
     assert logged == {f"attention/{n}": epochs for n in range(1, images + 1)}
+
+
+def test_callbacks_run_in_the_declared_order_and_an_undeclared_one_is_refused():
+    shuffled = [kind.__new__(kind) for kind in reversed(training_callbacks.ORDER)]
+    ordered = training_callbacks.in_order(shuffled)
+    assert [type(callback) for callback in ordered] == list(training_callbacks.ORDER)
+    with pytest.raises(TypeError, match="LambdaCallback has no place in callbacks.ORDER"):
+        training_callbacks.in_order([keras.callbacks.LambdaCallback()])
