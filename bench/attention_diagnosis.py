@@ -35,12 +35,12 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from ablation import VARIANTS  # noqa: E402
 
-from pipeline.checkpoints import make_optimizer  # noqa: E402
 from pipeline.config import PROJECT_ROOT, load_config  # noqa: E402
-from pipeline.corpus import read_split  # noqa: E402
-from pipeline.dataset import batching_options, encode_corpus, make_dataset  # noqa: E402
-from pipeline.model_builder import build_model  # noqa: E402
-from pipeline.tokenizer import PAD_ID, Tokenizer, vocabulary_paths  # noqa: E402
+from pipeline.data.corpus import read_split  # noqa: E402
+from pipeline.data.dataset import batching_options, encode_corpus, make_dataset  # noqa: E402
+from pipeline.data.tokenizer import PAD_ID, Tokenizer, vocabulary_paths  # noqa: E402
+from pipeline.model_types.builder import build_model  # noqa: E402
+from pipeline.training.optimizers import make_optimizer  # noqa: E402
 
 PROBE_SIZE = 64
 

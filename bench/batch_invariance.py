@@ -24,9 +24,9 @@ from decoding_runtimes import SessionRuntime, export_directory, latest_version  
 
 from export.runtime import OnnxTranslator  # noqa: E402
 from export.signature import SOURCE_IDS  # noqa: E402
-from pipeline.corpus import read_split  # noqa: E402
-from pipeline.evaluation import score_translations  # noqa: E402
-from pipeline.tokenizer import EOS_ID, PAD_ID  # noqa: E402
+from pipeline.data.corpus import read_split  # noqa: E402
+from pipeline.data.tokenizer import EOS_ID, PAD_ID  # noqa: E402
+from pipeline.decoding.evaluation import score_translations  # noqa: E402
 from pipeline.workdir import load_trained  # noqa: E402
 
 

@@ -4,7 +4,7 @@
         [--baseline-export DIR]
 
 For greedy (beam 1) and beam 5, at batch 1 and batch 64 (length-sorted), on the test split:
-the Keras model in process (`pipeline.search.beam_search` in a `tf.function`), the exported
+the Keras model in process (`pipeline.decoding.search.beam_search` in a `tf.function`), the exported
 SavedModel through the session loader that TF Serving uses, and ONNX Runtime
 (`export.runtime`). Prints sentences per second, milliseconds per sentence, and how many
 sentences' token ids differ from the SavedModel's (with the largest score difference), the
@@ -31,11 +31,11 @@ import tensorflow_text  # noqa: E402, F401  (the SavedModel's tokenizer ops)
 
 from export.runtime import OnnxTranslator  # noqa: E402
 from export.signature import BEAM_SEARCH, SOURCE_IDS  # noqa: E402
-from pipeline.corpus import read_split  # noqa: E402
-from pipeline.evaluation import score_translations  # noqa: E402
-from pipeline.length_batches import length_sorted_batches  # noqa: E402
-from pipeline.search import beam_search, decode_length_limits  # noqa: E402
-from pipeline.tokenizer import PAD_ID  # noqa: E402
+from pipeline.data.corpus import read_split  # noqa: E402
+from pipeline.data.length_batches import length_sorted_batches  # noqa: E402
+from pipeline.data.tokenizer import PAD_ID  # noqa: E402
+from pipeline.decoding.evaluation import score_translations  # noqa: E402
+from pipeline.decoding.search import beam_search, decode_length_limits  # noqa: E402
 from pipeline.workdir import load_trained  # noqa: E402
 
 

@@ -27,8 +27,8 @@ def main():
     parser.add_argument("--workdir", type=Path, required=True, help="whose vocabularies to use")
     args = parser.parse_args()
     from pipeline.config import load_config
-    from pipeline.corpus import ParallelCorpus, scan_training_corpora
-    from pipeline.dataset import (
+    from pipeline.data.corpus import ParallelCorpus, scan_training_corpora
+    from pipeline.data.dataset import (
         ESTIMATE_SAMPLE,
         batching_options,
         count_batches,
@@ -36,7 +36,7 @@ def main():
         estimate_steps_per_pass,
         make_dataset,
     )
-    from pipeline.tokenizer import prepare_tokenizers
+    from pipeline.data.tokenizer import prepare_tokenizers
 
     def quiet(message):
         del message

@@ -26,12 +26,12 @@ sys.path.insert(0, str(PROJECT_ROOT))
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from pipeline.checkpoints import make_optimizer  # noqa: E402
 from pipeline.config import load_config  # noqa: E402
-from pipeline.corpus import scan_training_corpora  # noqa: E402
-from pipeline.dataset import StreamCounters, batching_options, make_training_stream  # noqa: E402
-from pipeline.model_builder import build_model  # noqa: E402
-from pipeline.tokenizer import prepare_tokenizers  # noqa: E402
+from pipeline.data.corpus import scan_training_corpora  # noqa: E402
+from pipeline.data.dataset import StreamCounters, batching_options, make_training_stream  # noqa: E402
+from pipeline.data.tokenizer import prepare_tokenizers  # noqa: E402
+from pipeline.model_types.builder import build_model  # noqa: E402
+from pipeline.training.optimizers import make_optimizer  # noqa: E402
 
 WARMUP_STEPS = 20
 

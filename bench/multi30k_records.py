@@ -72,8 +72,8 @@ def with_test_set(loaded, prefix):
 
 def score(loaded, split, beam_size=None, length_penalty=None):
     from pipeline.config import model_languages
+    from pipeline.decoding.evaluation import score_translations
     from pipeline.evaluate import translate_split
-    from pipeline.evaluation import score_translations
 
     _, corpus, hypotheses, options = translate_split(
         loaded, split, beam_size=beam_size, length_penalty=length_penalty

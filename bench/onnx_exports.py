@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from export.runtime import OnnxTranslator  # noqa: E402
-from pipeline.evaluation import score_translations  # noqa: E402
+from pipeline.decoding.evaluation import score_translations  # noqa: E402
 
 BATCH_SIZE = 64
 

@@ -121,7 +121,7 @@ def main():
     from decoding_runtimes import export_directory
 
     from pipeline.config import load_config
-    from pipeline.corpus import read_split
+    from pipeline.data.corpus import read_split
 
     config = load_config(args.workdir / "config.yaml", saved=True)
     onnx_directory = export_directory(config, args.workdir.resolve()) / "onnx"

@@ -52,7 +52,7 @@ import yaml
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from pipeline.evaluation import score_translations  # noqa: E402
+from pipeline.decoding.evaluation import score_translations  # noqa: E402
 
 PEER = PROJECT_ROOT.parent / "shared" / "peers" / "tf_tutorial_nmt.py"
 SPA_ENG = PROJECT_ROOT.parent / "shared" / "data" / "spa-eng" / "spa.txt"

@@ -53,7 +53,7 @@ import yaml
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from pipeline.evaluation import score_translations  # noqa: E402
+from pipeline.decoding.evaluation import score_translations  # noqa: E402
 
 MULTI30K = PROJECT_ROOT.parent / "shared" / "data" / "multi30k"
 SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}

@@ -20,8 +20,8 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
 from export.runtime import OnnxTranslator  # noqa: E402
-from pipeline.corpus import read_lines  # noqa: E402
-from pipeline.evaluation import score_translations  # noqa: E402
+from pipeline.data.corpus import read_lines  # noqa: E402
+from pipeline.decoding.evaluation import score_translations  # noqa: E402
 
 STUTTER = re.compile(r"\b(\w+(?:\W+\w+)+)\W+\1\b")
 

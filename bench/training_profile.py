@@ -30,7 +30,7 @@ os.environ.setdefault("GLOG_minloglevel", "2")  # xprof's conversion chatter
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from pipeline.trainer import PROFILE_AFTER  # noqa: E402
+from pipeline.training.trainer import PROFILE_AFTER  # noqa: E402
 from pipeline.workdir import LOG_DIR  # noqa: E402
 
 # Op-name scopes that say nothing about the model part.

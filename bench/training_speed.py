@@ -100,8 +100,8 @@ def corpus_lengths(config):
     vocabularies trained on the first 5,000 pairs)."""
     import sentencepiece
 
-    from pipeline.corpus import read_split
-    from pipeline.tokenizer import train_sentencepiece
+    from pipeline.data.corpus import read_split
+    from pipeline.data.tokenizer import train_sentencepiece
 
     data = config["data"]
     corpus = read_split(data, "train")

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from pipeline.config import DEFAULT_EXPORT_FORMATS, EXPORT_FORMATS, parse_export_formats
-from pipeline.errors import report_user_errors
+from pipeline.core.errors import report_user_errors
 
 
 def parse_args(argv):

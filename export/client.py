@@ -53,7 +53,8 @@ def translate_request(sentences, model_name, version=None):
 
 def beam_search_request(source_ids, model_name, version=None, **options):
     """A gRPC `PredictRequest` for `beam_search`: right-padded int32 ids `[batch, src_len]`
-    and any of `pipeline.search_options.EXPORTED_OPTIONS` (the others take their defaults)."""
+    and any of `pipeline.decoding.search_options.EXPORTED_OPTIONS` (the others take their
+    defaults)."""
     return _predict_request(model_name, BEAM_SEARCH, _search_inputs(source_ids, options), version)
 
 

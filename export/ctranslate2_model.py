@@ -25,8 +25,8 @@ import keras
 import numpy as np
 import sentencepiece
 
-from pipeline.errors import UserError
-from pipeline.tokenizer import BOS_ID, EOS_ID, UNK_ID
+from pipeline.core.errors import UserError
+from pipeline.data.tokenizer import BOS_ID, EOS_ID, UNK_ID
 
 try:
     from ctranslate2.specs import TransformerSpec, common_spec

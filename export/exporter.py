@@ -20,16 +20,16 @@ from export.onnx_model import write_onnx
 from export.serving_check import read_meta_graph, unsupported_ops
 from export.serving_graph import TranslationGraph
 from export.signature import METADATA_FILE
-from pipeline import library_output
-from pipeline.atomic_files import writing
 from pipeline.config import (
     DEFAULT_EXPORT_FORMATS,
     check_formats_fit_model,
     model_languages,
     parse_export_formats,
 )
-from pipeline.errors import UserError
-from pipeline.tokenizer import vocabulary_paths
+from pipeline.core import library_output
+from pipeline.core.atomic_files import writing
+from pipeline.core.errors import UserError
+from pipeline.data.tokenizer import vocabulary_paths
 from pipeline.workdir import exclusive_writer, load_trained, write_directory_atomically
 
 EXPORT_LOG = "export.log"  # what the converters write to stderr, beside the exports

@@ -6,8 +6,8 @@ quantised dynamically by onnxruntime: faster, with translations that may differ 
 little), the source and target SentencePiece vocabularies (`.model` and plain `.vocab`) and
 `model.json`: special token ids, the search options' defaults and dtypes, the file names and the
 languages (`pipeline.config.model_languages`: the sides known).
-The scalar inputs (`pipeline.search_options.EXPORTED_OPTIONS`) carry their defaults as initializers,
-so ONNX Runtime lets a caller leave them out.
+The scalar inputs (`pipeline.decoding.search_options.EXPORTED_OPTIONS`) carry their defaults
+as initializers, so ONNX Runtime lets a caller leave them out.
 """
 
 import contextlib
@@ -22,8 +22,8 @@ import tf2onnx
 
 from export.onnx_rewrites import optimise_loops
 from export.signature import METADATA_FILE, TARGET_PREFIX
-from pipeline.search_options import EXPORTED_OPTIONS
-from pipeline.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from pipeline.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from pipeline.decoding.search_options import EXPORTED_OPTIONS
 
 MODEL_FILE = "model.onnx"
 INT8_MODEL_FILE = "model.int8.onnx"

@@ -22,8 +22,8 @@ import onnxruntime
 import sentencepiece
 
 from export.signature import METADATA_FILE, SOURCE_IDS, TARGET_PREFIX, option_dtypes
-from pipeline.errors import UnusableFileError, first_line
-from pipeline.length_batches import length_sorted_batches
+from pipeline.core.errors import UnusableFileError, first_line
+from pipeline.data.length_batches import length_sorted_batches
 
 # What the runtime reads from model.json; an export without one of them is too old or damaged.
 METADATA_KEYS = ("model", "source_vocabulary", "target_vocabulary", "special_ids",
@@ -213,10 +213,10 @@ class OnnxTranslator:
 
     def translate(self, sentences, target_prefix=None, progress=None, **options):
         """The best translation of each sentence, as text ("" for an empty sentence), as
-        `pipeline.translation.Translator.translate` gives it.
+        `pipeline.decoding.translation.Translator.translate` gives it.
 
         `target_prefix`: a text per sentence ("" for none) that its translation must start
-        with. Options: any of `pipeline.search_options.EXPORTED_OPTIONS`, each omitted
+        with. Options: any of `pipeline.decoding.search_options.EXPORTED_OPTIONS`, each omitted
         taking the exported default.
         """
         hypotheses = self.translate_ids(

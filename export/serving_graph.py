@@ -3,7 +3,7 @@
 The module tracks only the model's underlying `tf.Variable`s (and the tokenizers' resources),
 never the Keras model itself: a tracked Keras 3 model saves a graph that `tf.saved_model.load`
 reads but the session-based loader of TF Serving and `saved_model_cli run` cannot.
-Search runs on the model's step function (`pipeline.search`), as it does in process.
+Search runs on the model's step function (`pipeline.decoding.search`), as it does in process.
 """
 
 import dataclasses
@@ -21,13 +21,13 @@ from export.signature import (
     TARGET_PREFIX,
     WITH_PREFIX,
 )
-from pipeline.search import search as run_search
-from pipeline.search_options import (
+from pipeline.data.tokenizer import PAD_ID, UNK_ID
+from pipeline.decoding.search import search as run_search
+from pipeline.decoding.search_options import (
     EXPORTED_OPTIONS,
     SearchOptions,
     exported_defaults,
 )
-from pipeline.tokenizer import PAD_ID, UNK_ID
 
 
 def _search_signature(search, defaults):
@@ -64,12 +64,12 @@ class TranslationGraph(tf.Module):
     """Signatures of a trained model, with the decoding defaults of its configuration.
 
     `beam_search`: source ids int32 `[batch, src_len]` (right-padded with 0) and the optional
-    scalars of `pipeline.search_options.EXPORTED_OPTIONS` -> `ids` int32 `[batch, n_best, width]`,
-    `lengths` int32 `[batch, n_best]`, `scores` float32 `[batch, n_best]` and `attention`
-    float32 `[batch, n_best, width, src_len]`. Each sentence has its own length limit
-    (`max_length`, or else from its own source length; capped at `max_length_cap` whatever
-    is asked), so that its translation does not depend on the rest of the batch; `width` is
-    the batch's longest limit. Sources are cut at `decode.max_source_length`; ids outside the
+    scalars of `pipeline.decoding.search_options.EXPORTED_OPTIONS` -> `ids` int32 `[batch,
+    n_best, width]`, `lengths` int32 `[batch, n_best]`, `scores` float32 `[batch, n_best]` and
+    `attention` float32 `[batch, n_best, width, src_len]`. Each sentence has its own length
+    limit (`max_length`, or else from its own source length; capped at `max_length_cap` whatever
+    is asked), so that its translation does not depend on the rest of the batch; `width` is the
+    batch's longest limit. Sources are cut at `decode.max_source_length`; ids outside the
     vocabulary read as <unk>; an all-padding source gives ids all 0, length 0 and score 0.
 
     `beam_search` takes an optional `target_prefix` (`export.signature.TARGET_PREFIX`), and

@@ -1,13 +1,13 @@
 """What the exported models take and give, declared once for every side that speaks to them.
 
 The serving graph builds its signatures from these declarations and from the exported options
-of `pipeline.search_options`, the ONNX export gives each of those its default and lists them
-in `model.json`, and the ONNX runtime, the TF Serving client and the Node.js example fill
+of `pipeline.decoding.search_options`, the ONNX export gives each of those its default and
+lists them in `model.json`, and the ONNX runtime, the TF Serving client and the Node.js example fill
 their requests from them. No TensorFlow here: the runtime and the client import this module
 without it.
 """
 
-from pipeline.search_options import EXPORTED_OPTIONS
+from pipeline.decoding.search_options import EXPORTED_OPTIONS
 
 SERVING_DEFAULT = "serving_default"  # sentences string [batch] -> translations, scores
 BEAM_SEARCH = "beam_search"  # source ids and the search options -> SEARCH_OUTPUTS

@@ -18,7 +18,7 @@ class EncoderDecoderModel(keras.Model):
 
     Training minimises the cross-entropy averaged over the non-padding target tokens (with
     optional label smoothing) and reports `token_accuracy` and `perplexity`; on one device as
-    it is, under `tf.distribute` as its twin in `pipeline.distributed_training`.
+    it is, under `tf.distribute` as its twin in `pipeline.model_types.training_twins`.
 
     Decoding goes through the three methods of the decoding contract (`encode`,
     `initial_decoder_state`, `decode_step`), which every subclass implements and which search
@@ -50,7 +50,7 @@ class EncoderDecoderModel(keras.Model):
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         # One device's objective. Under a tf.distribute strategy, train the twin that
-        # `pipeline.distributed_training` derives, which averages over every replica's tokens.
+        # `pipeline.model_types.training_twins` derives, which averages over every replica's tokens.
         loss_sum, tokens = self.token_loss(y, y_pred)
         loss = ops.divide_no_nan(loss_sum, tokens)
         if self.losses:

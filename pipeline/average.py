@@ -14,7 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from pipeline.errors import UserError, report_user_errors
+from pipeline.core.errors import UserError, report_user_errors
 
 
 def parse_args(argv):
@@ -47,8 +47,8 @@ def main(argv=None):
         raise UserError(f"--last must be at least 1, got {args.last}")
     if args.output.resolve() == args.workdir.resolve():
         raise UserError("--output must differ from --workdir: the trained model is kept as it is")
-    from pipeline.checkpoints import average_checkpoints, last_checkpoints
-    from pipeline.tokenizer import vocabulary_paths
+    from pipeline.data.tokenizer import vocabulary_paths
+    from pipeline.training.checkpoints import average_checkpoints, last_checkpoints
     from pipeline.workdir import (
         CHECKPOINT_DIR,
         CONFIG_FILE,

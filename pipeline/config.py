@@ -13,17 +13,17 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.atomic_files import write_text_atomically
-from pipeline.errors import UnusableFileError, UserError
-from pipeline.fields import Field, check_value, path_field, positive_int, rate
+from pipeline.core.atomic_files import write_text_atomically
+from pipeline.core.errors import UnusableFileError, UserError
+from pipeline.core.fields import Field, check_value, path_field, positive_int, rate
+from pipeline.decoding.search_options import CONFIGURED_OPTIONS
 from pipeline.model_types import DEFAULT_MODEL_TYPE, MODEL_TYPES, model_keys
-from pipeline.search_options import CONFIGURED_OPTIONS
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
 # Keras dtype policies a model may train under; its variables and exports stay float32.
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
-SCHEDULE_KINDS = ("constant", "inverse_sqrt", "exponential")  # see pipeline.schedules
+SCHEDULE_KINDS = ("constant", "inverse_sqrt", "exponential")  # see pipeline.training.schedules
 EXPORT_FORMATS = ("saved_model", "onnx", "ctranslate2")
 DEFAULT_EXPORT_FORMATS = ("saved_model", "onnx")
 # CTranslate2's weight types (`spec.optimize(quantization=...)`); none keeps float32.
@@ -34,7 +34,7 @@ CTRANSLATE2_QUANTIZATIONS = (
 
 
 def _search_field(option):
-    """A configured search option (`pipeline.search_options`) as a decode key."""
+    """A configured search option (`pipeline.decoding.search_options`) as a decode key."""
     return Field(option.kind, option.default, option.choices, option.minimum, option.maximum,
                  option.nullable)  # fmt: skip
 
@@ -122,7 +122,7 @@ SCHEMA = {
     },
     "decode": {
         "batch_size": positive_int(64),  # sentences searched at once
-        # One key per configured option of pipeline.search_options, its meaning declared there.
+        # One key per configured option of pipeline.decoding.search_options, its meaning there.
         **{option.name: _search_field(option) for option in CONFIGURED_OPTIONS},
     },
     "distribute": {

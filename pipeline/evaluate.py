@@ -13,8 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline.errors import UserError, report_user_errors
-from pipeline.search_options import add_search_arguments, search_arguments
+from pipeline.core.errors import UserError, report_user_errors
+from pipeline.decoding.search_options import add_search_arguments, search_arguments
 
 
 def parse_args(argv):
@@ -32,7 +32,7 @@ def parse_args(argv):
 
 
 def _corpus(config, split):
-    from pipeline.corpus import read_split, read_tsv
+    from pipeline.data.corpus import read_split, read_tsv
 
     name = {"val": "valid"}.get(split, split)
     if name in ("test", "valid"):
@@ -52,7 +52,7 @@ def translate_split(loaded, split, batch_size=None, **search):
     """
     from tqdm import tqdm
 
-    from pipeline.translation import SearchOptions, Translator
+    from pipeline.decoding.translation import SearchOptions, Translator
 
     config, model, source_tokenizer, target_tokenizer = loaded
     name, corpus = _corpus(config, split)
@@ -70,8 +70,8 @@ def translate_split(loaded, split, batch_size=None, **search):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     search = search_arguments(args)
-    from pipeline.atomic_files import write_text_atomically
-    from pipeline.evaluation import corpus_perplexity, score_translations
+    from pipeline.core.atomic_files import write_text_atomically
+    from pipeline.decoding.evaluation import corpus_perplexity, score_translations
     from pipeline.workdir import load_trained
 
     loaded = load_trained(args.workdir)

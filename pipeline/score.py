@@ -16,7 +16,7 @@ import contextlib
 import sys
 from pathlib import Path
 
-from pipeline.errors import report_user_errors
+from pipeline.core.errors import report_user_errors
 
 BLOCK_PAIRS = 4096  # pairs read, sorted and scored together
 
@@ -61,15 +61,15 @@ def alignment_links(attention):
 @report_user_errors
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    from pipeline.errors import UserError
+    from pipeline.core.errors import UserError
 
     if args.batch_size is not None and args.batch_size < 1:
         raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
     from tqdm import tqdm
 
-    from pipeline.atomic_files import open_atomically
-    from pipeline.corpus import iter_aligned
-    from pipeline.scoring import Scorer
+    from pipeline.core.atomic_files import open_atomically
+    from pipeline.data.corpus import iter_aligned
+    from pipeline.decoding.scoring import Scorer
     from pipeline.workdir import load_trained
 
     config, model, source_tokenizer, target_tokenizer = load_trained(args.workdir)

@@ -14,8 +14,8 @@ from pipeline.config import (
     RELOCATABLE_DATA_KEYS,
     load_config,
 )
-from pipeline.distribution import EXIT_RESTART, WorkerLost, current_task
-from pipeline.errors import UserError, report_user_errors
+from pipeline.core.errors import UserError, report_user_errors
+from pipeline.training.distribution import EXIT_RESTART, WorkerLost, current_task
 from pipeline.workdir import CONFIG_FILE, MODEL_FILE, exclusive_writer
 
 
@@ -85,7 +85,7 @@ FINE_TUNABLE_MODEL_KEYS = ("dropout",)
 def fine_tuning_config(config, init_from):
     """`config` set to take its vocabularies from the trained work directory `init_from`,
     refusing a model whose settings differ from that directory's, or other vocabularies."""
-    from pipeline.tokenizer import SIDES, vocabulary_paths
+    from pipeline.data.tokenizer import SIDES, vocabulary_paths
 
     saved = init_from / CONFIG_FILE
     if not saved.is_file() or not (init_from / MODEL_FILE).is_file():
@@ -163,8 +163,8 @@ def _train(config, workdir, hooks, init_from, chief):
     _check_workdir(workdir, config)
     log(f"Work directory: {workdir}")
     # TensorFlow loads only once the configuration is valid.
-    from pipeline.callbacks import TrainingInterrupted
-    from pipeline.trainer import run
+    from pipeline.training.callbacks import TrainingInterrupted
+    from pipeline.training.trainer import run
 
     try:
         history = run(config, workdir, log, init_from=init_from)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.errors import UserError, report_user_errors
-from pipeline.search_options import add_search_arguments, search_arguments
+from pipeline.core.errors import UserError, report_user_errors
+from pipeline.decoding.search_options import add_search_arguments, search_arguments
 
 
 def parse_args(argv):
@@ -64,9 +64,9 @@ def main(argv=None):
     search = _check(args)
     from tqdm import tqdm
 
-    from pipeline.attention_plot import plot_attention
-    from pipeline.text_input import read_sentences
-    from pipeline.translation import SearchOptions, Translator
+    from pipeline.data.text_input import read_sentences
+    from pipeline.decoding.attention_plot import plot_attention
+    from pipeline.decoding.translation import SearchOptions, Translator
     from pipeline.workdir import load_trained
 
     # The model first: a bad work directory is reported before anyone types on stdin.

@@ -10,9 +10,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline.atomic_files import atomic_path, writing
 from pipeline.config import load_config
-from pipeline.errors import UnusableFileError, UserError, first_line
+from pipeline.core.atomic_files import atomic_path, writing
+from pipeline.core.errors import UnusableFileError, UserError, first_line
 
 CONFIG_FILE = "config.yaml"
 MODEL_FILE = "model.keras"
@@ -123,7 +123,7 @@ def load_trained(workdir):
     import keras
 
     import layers  # noqa: F401  (registers the layers for deserialisation)
-    from pipeline.tokenizer import Tokenizer, vocabulary_paths
+    from pipeline.data.tokenizer import Tokenizer, vocabulary_paths
 
     workdir = Path(workdir)
     config_path, model_path = workdir / CONFIG_FILE, workdir / MODEL_FILE

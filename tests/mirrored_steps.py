@@ -24,9 +24,9 @@ tf.config.set_logical_device_configuration(
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from pipeline.checkpoints import FusedAdam  # noqa: E402
 from pipeline.config import PROJECT_ROOT, load_config  # noqa: E402
-from pipeline.model_builder import build_model  # noqa: E402
+from pipeline.model_types.builder import build_model  # noqa: E402
+from pipeline.training.optimizers import FusedAdam  # noqa: E402
 
 STEPS, HALF, VOCAB = 6, 8, 300
 TRANSFORMER = [

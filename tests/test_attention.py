@@ -246,7 +246,7 @@ RECIPE_ATTENTIONS = {
 @pytest.mark.parametrize("name", sorted(RECIPE_ATTENTIONS))
 def test_the_default_models_attention_starts_spread_out(name):
     from pipeline.config import PROJECT_ROOT, load_config
-    from pipeline.model_builder import build_model
+    from pipeline.model_types.builder import build_model
 
     overrides = [f"model.attention={name.removesuffix('_normalized')}", *RECIPE_ATTENTIONS[name]]
     config = load_config(PROJECT_ROOT / "configs" / "default.yaml", overrides)

@@ -5,11 +5,12 @@ import pytest
 
 from helpers import SMOKE
 from pipeline import average, train
-from pipeline.checkpoints import average_checkpoints, make_optimizer
 from pipeline.config import load_config
-from pipeline.errors import UserError
-from pipeline.model_builder import build_model
-from pipeline.run_state import RunState, training_checkpoint
+from pipeline.core.errors import UserError
+from pipeline.model_types.builder import build_model
+from pipeline.training.checkpoints import average_checkpoints
+from pipeline.training.optimizers import make_optimizer
+from pipeline.training.run_state import RunState, training_checkpoint
 from pipeline.workdir import load_trained
 
 TRAIN = load_config(SMOKE)["train"]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import PROJECT_ROOT, load_config, model_languages, parse_overrides
-from pipeline.errors import UserError
+from pipeline.core.errors import UserError
 
 CONFIGS = sorted((PROJECT_ROOT / "configs").glob("*.yaml"))
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import corpus as corpus_module
-from pipeline.corpus import read_aligned, read_split, read_tsv, scan_training_corpora
-from pipeline.errors import UserError
+from pipeline.core.errors import UserError
+from pipeline.data import corpus as corpus_module
+from pipeline.data.corpus import read_aligned, read_split, read_tsv, scan_training_corpora
 
 
 def test_aligned_plain_and_gzip(tmp_path):

@@ -15,10 +15,10 @@ from export import __main__ as export_cli
 from export import exporter
 from helpers import real_sentences
 from pipeline.config import CTRANSLATE2_QUANTIZATIONS, PROJECT_ROOT, load_config, save_config
-from pipeline.errors import UserError
-from pipeline.model_builder import build_model
-from pipeline.search import beam_search, greedy_search
-from pipeline.tokenizer import BOS_ID, EOS_ID, Tokenizer, vocabulary_paths
+from pipeline.core.errors import UserError
+from pipeline.data.tokenizer import BOS_ID, EOS_ID, Tokenizer, vocabulary_paths
+from pipeline.decoding.search import beam_search, greedy_search
+from pipeline.model_types.builder import build_model
 from pipeline.workdir import CONFIG_FILE, MODEL_FILE, load_trained
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="CTranslate2 is not installed")

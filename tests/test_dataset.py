@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from pipeline.corpus import ParallelCorpus, scan_training_corpora
-from pipeline.dataset import (
+from pipeline.core.errors import UserError
+from pipeline.data.corpus import ParallelCorpus, scan_training_corpora
+from pipeline.data.dataset import (
     StreamCounters,
     bucket_boundaries,
     encode_corpus,
@@ -19,8 +20,7 @@ from pipeline.dataset import (
     stream_training_examples,
     with_known_length,
 )
-from pipeline.errors import UserError
-from pipeline.tokenizer import (
+from pipeline.data.tokenizer import (
     BOS_ID,
     EOS_ID,
     Tokenizer,

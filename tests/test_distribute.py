@@ -18,9 +18,9 @@ import tensorflow as tf
 
 from helpers import SMOKE
 from pipeline.config import PROJECT_ROOT, load_config
-from pipeline.distribution import EXIT_RESTART, SCRATCH_DIR, Task, current_task
-from pipeline.errors import UserError
-from pipeline.run_state import EARLY_STOPPING
+from pipeline.core.errors import UserError
+from pipeline.training.distribution import EXIT_RESTART, SCRATCH_DIR, Task, current_task
+from pipeline.training.run_state import EARLY_STOPPING
 
 QUICK = ["--set", "train.bleu_every_epochs=0", "--set", "data.test_source=null",
          "--set", "data.test_target=null"]  # fmt: skip
@@ -41,14 +41,14 @@ def fingerprint(output):
 
 
 def test_the_keras_behaviours_distributed_training_works_around_are_still_there():
-    """`pipeline.distributed_training` overrides Keras' TensorFlow trainer where it fails us.
+    """`pipeline.model_types.training_twins` overrides Keras' TensorFlow trainer where it fails us.
     When Keras changes these, check whether each workaround is still needed and still hooks
     in: an override of a renamed method would silently do nothing."""
     import inspect
 
     from keras.src.backend.tensorflow import trainer
 
-    from pipeline.distributed_training import DistributedTraining
+    from pipeline.model_types.training_twins import DistributedTraining
 
     # A first batch averaged over the replicas to build the model from.
     build = trainer.TensorFlowTrainer._maybe_symbolic_build
@@ -64,7 +64,7 @@ def test_the_keras_behaviours_distributed_training_works_around_are_still_there(
     from keras.src.backend.tensorflow.optimizer import TFOptimizer
     from keras.src.optimizers.base_optimizer import BaseOptimizer
 
-    from pipeline.checkpoints import FusedAdam
+    from pipeline.training.optimizers import FusedAdam
 
     apply = inspect.getsource(BaseOptimizer._backend_apply_gradients)
     assert apply.index("self._clip_gradients(grads)") < apply.index("self._backend_update_step(")

@@ -32,10 +32,10 @@ from helpers import (
     search_saved_model,
 )
 from pipeline.config import PROJECT_ROOT
-from pipeline.errors import UnusableFileError, UserError
-from pipeline.search import beam_search, decode_length_limits, greedy_search
-from pipeline.tokenizer import EOS_ID, PAD_ID
-from pipeline.translation import SearchOptions, Translator
+from pipeline.core.errors import UnusableFileError, UserError
+from pipeline.data.tokenizer import EOS_ID, PAD_ID
+from pipeline.decoding.search import beam_search, decode_length_limits, greedy_search
+from pipeline.decoding.translation import SearchOptions, Translator
 from pipeline.workdir import load_trained
 
 MODEL_NAME = "translator"

@@ -26,10 +26,11 @@ from helpers import (
     train_command,
     wait_for_checkpoint,
 )
-from pipeline import callbacks as training_callbacks
-from pipeline import train, trainer, translate
+from pipeline import train, translate
 from pipeline.config import PROJECT_ROOT, load_config
-from pipeline.errors import UserError
+from pipeline.core.errors import UserError
+from pipeline.training import callbacks as training_callbacks
+from pipeline.training import trainer
 from pipeline.workdir import LOCK_FILE, load_trained
 
 HOSTILE = [
@@ -188,7 +189,7 @@ def snapshot(directory):
 def test_a_vocabulary_of_another_model_is_refused(workdir, tmp_path, capsys):
     copy = copy_workdir(workdir, tmp_path)
     other = copy / "vocab" / "target.model"
-    from pipeline.tokenizer import train_sentencepiece
+    from pipeline.data.tokenizer import train_sentencepiece
 
     train_sentencepiece(real_sentences(500, "val"), 200, "unigram", other)
     before = snapshot(copy)

@@ -5,8 +5,8 @@ keys still load, and a new type is one module and one registration."""
 import pytest
 
 from pipeline.config import PROJECT_ROOT, defaults, load_config
-from pipeline.errors import UserError
-from pipeline.fields import positive_int
+from pipeline.core.errors import UserError
+from pipeline.core.fields import positive_int
 from pipeline.model_types import COMMON_KEYS, MODEL_TYPES, ModelType
 
 CONFIGS = PROJECT_ROOT / "configs"

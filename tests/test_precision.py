@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from pipeline import train
-from pipeline.checkpoints import StepCountingLossScaleOptimizer
 from pipeline.config import PROJECT_ROOT, load_config
-from pipeline.model_builder import build_model
-from pipeline.trainer import weights_fingerprint
+from pipeline.model_types.builder import build_model
+from pipeline.training.optimizers import StepCountingLossScaleOptimizer
+from pipeline.training.trainer import weights_fingerprint
 from pipeline.workdir import load_trained
 
 SMOKE = PROJECT_ROOT / "configs" / "smoke.yaml"

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from pipeline.schedules import LearningRateSchedule
+from pipeline.training.schedules import LearningRateSchedule
 
 
 def rates(schedule, steps):

@@ -6,9 +6,9 @@ import tensorflow as tf
 
 from pipeline import score
 from pipeline.config import PROJECT_ROOT
-from pipeline.corpus import read_lines
-from pipeline.scoring import Scorer
-from pipeline.tokenizer import BOS_ID, EOS_ID
+from pipeline.data.corpus import read_lines
+from pipeline.data.tokenizer import BOS_ID, EOS_ID
+from pipeline.decoding.scoring import Scorer
 from pipeline.workdir import load_trained
 
 DATA = PROJECT_ROOT / "data" / "multi30k"

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import layers
 from helpers import reversal_data
-from pipeline.search import (
+from pipeline.decoding.search import (
     _best_unblocked,
     _block_repeated_ngrams,
     beam_search,
@@ -547,7 +547,7 @@ def test_top_p_keeps_the_nucleus():
 
 
 def test_unknown_words_are_replaced_by_the_most_attended_source_piece():
-    from pipeline.translation import replace_unknown
+    from pipeline.decoding.translation import replace_unknown
 
     attention = np.array([[0.9, 0.1, 0.0], [0.1, 0.2, 0.7], [0.3, 0.3, 0.4]])
     pieces = replace_unknown(

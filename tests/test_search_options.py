@@ -1,5 +1,6 @@
-"""The search options' one declaration (`pipeline.search_options`) and all that derives from
-it: the config's decode section, `SearchOptions`, the commands' flags, the exported inputs."""
+"""The search options' one declaration (`pipeline.decoding.search_options`) and all that
+derives from it: the config's decode section, `SearchOptions`, the commands' flags, the
+exported inputs."""
 
 import dataclasses
 
@@ -7,8 +8,8 @@ import pytest
 
 from pipeline import evaluate, translate
 from pipeline.config import PROJECT_ROOT, SCHEMA, defaults
-from pipeline.errors import UserError
-from pipeline.search_options import (
+from pipeline.core.errors import UserError
+from pipeline.decoding.search_options import (
     CONFIGURED_OPTIONS,
     EXPORTED_OPTIONS,
     SEARCH_OPTIONS,
@@ -19,7 +20,7 @@ from pipeline.search_options import (
 LIBRARY = ("pipeline", "export", "layers")
 # Where an option's code lives besides its declaration: the search (and, for an option that
 # changes the output text, the translator that writes it).
-SEARCH_CODE = {"pipeline/search_options.py", "pipeline/search.py"}
+SEARCH_CODE = {"pipeline/decoding/search_options.py", "pipeline/decoding/search.py"}
 
 
 def files_naming(name):

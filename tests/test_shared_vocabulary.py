@@ -10,9 +10,9 @@ import tensorflow as tf
 from helpers import padded_ids, real_sentences, search_onnx
 from pipeline import train
 from pipeline.config import PROJECT_ROOT, load_config
-from pipeline.errors import UserError
-from pipeline.search import beam_search, decode_length_limits
-from pipeline.tokenizer import PAD_ID
+from pipeline.core.errors import UserError
+from pipeline.data.tokenizer import PAD_ID
+from pipeline.decoding.search import beam_search, decode_length_limits
 from pipeline.workdir import load_trained
 
 

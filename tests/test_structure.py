@@ -1,14 +1,18 @@
 """The packages' dependencies run one way: config -> data -> model -> training -> search ->
 export. `export` imports `pipeline`; `pipeline` and `layers` never import `export`, and `layers`
-never imports `pipeline` (training reaches the exporter through an entry point)."""
+never imports `pipeline` (training reaches the exporter through an entry point). Inside
+`pipeline`, each sub-package imports only those upstream of it, and `export` reaches decoding
+and the core, never training."""
 
 import ast
+import subprocess
+import sys
 from importlib.metadata import entry_points
 
 import pytest
 
 from pipeline.config import PROJECT_ROOT, load_config
-from pipeline.errors import UserError
+from pipeline.core.errors import UserError
 from pipeline.train import AFTER_TRAINING_HOOKS, after_training_hooks
 
 
@@ -31,6 +35,62 @@ def imported_packages(package):
 def test_no_package_imports_one_downstream_of_it(package, forbidden):
     wrong = [(str(path), name) for path, name in imported_packages(package) if name in forbidden]
     assert not wrong, wrong
+
+
+COMMANDS = {"train", "translate", "evaluate", "score", "average"}  # `python -m pipeline.X`
+CORE, DATA, MODELS, DECODING = "core", "data", "model_types", "decoding"
+# What each part of the project may import from `pipeline`: itself and what is upstream.
+UPSTREAM = {
+    "pipeline.core": {CORE},
+    "pipeline.data": {CORE, DATA},
+    "pipeline.model_types": {CORE, MODELS},
+    "pipeline.decoding": {CORE, DATA, DECODING},
+    "pipeline.config": {CORE, MODELS, DECODING},
+    "pipeline.workdir": {CORE, DATA, MODELS, "config"},
+    "pipeline.training": {CORE, DATA, MODELS, DECODING, "config", "workdir", "training"},
+    "export": {CORE, DATA, MODELS, DECODING, "config", "workdir"},
+}
+
+
+def pipeline_imports(path):
+    """The parts of `pipeline` (a sub-package or a top-level module) that `path` imports."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules = [node.module]
+            if node.module == "pipeline":
+                modules = [f"pipeline.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        else:
+            continue
+        for module in modules:
+            parts = module.split(".")
+            if parts[0] == "pipeline" and len(parts) > 1:
+                yield parts[1]
+
+
+def test_pipeline_sub_packages_import_only_upstream():
+    top_level = {path.stem for path in (PROJECT_ROOT / "pipeline").glob("*.py")}
+    assert top_level == COMMANDS | {"__init__", "config", "workdir"}
+    wrong = []
+    for part, allowed in UPSTREAM.items():
+        folder = PROJECT_ROOT.joinpath(*part.split("."))
+        paths = sorted(folder.rglob("*.py")) if folder.is_dir() else [folder.with_suffix(".py")]
+        wrong += [(str(path.relative_to(PROJECT_ROOT)), imported) for path in paths
+                  for imported in pipeline_imports(path) if imported not in allowed]  # fmt: skip
+    assert not wrong, wrong
+
+
+def test_the_commands_import_no_tensorflow_before_they_run():
+    """TensorFlow's native start-up lines are dropped only when a command's `main` loads it
+    (`pipeline.core.library_output.quiet_tensorflow_startup`): importing it before, in any
+    module a command imports, lets them through to the user."""
+    modules = [f"pipeline.{command}" for command in sorted(COMMANDS)] + ["export.__main__"]
+    loaded = "sorted(m for m in ('tensorflow', 'keras') if m in sys.modules)"
+    code = f"import sys, {', '.join(modules)}; print({loaded})"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=PROJECT_ROOT, timeout=120, check=True)  # fmt: skip
+    assert result.stdout.strip() == "[]"
 
 
 def test_training_reaches_the_exporter_through_its_entry_point():

@@ -13,13 +13,14 @@ import pytest
 import tensorflow as tf
 import yaml
 
-from pipeline import callbacks as training_callbacks
-from pipeline import train, trainer
-from pipeline.callbacks import EarlyStopping
-from pipeline.checkpoints import make_optimizer
+from pipeline import train
 from pipeline.config import PROJECT_ROOT, load_config
-from pipeline.errors import UnusableFileError
-from pipeline.run_state import (
+from pipeline.core.errors import UnusableFileError
+from pipeline.training import callbacks as training_callbacks
+from pipeline.training import trainer
+from pipeline.training.callbacks import EarlyStopping
+from pipeline.training.optimizers import make_optimizer
+from pipeline.training.run_state import (
     EARLY_STOPPING,
     EPOCH_STEPS,
     EPOCHS,
@@ -31,7 +32,7 @@ from pipeline.run_state import (
     restore_run,
     training_checkpoint,
 )
-from pipeline.trainer import PROFILE_AFTER
+from pipeline.training.trainer import PROFILE_AFTER
 
 SMOKE = str(PROJECT_ROOT / "configs" / "smoke.yaml")
 # TensorFlow's native log lines (`I0000 00:00:...`) and the notice before them.

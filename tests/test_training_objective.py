@@ -15,8 +15,8 @@ from layers.token_losses import (
     projected_token_cross_entropy,
     token_cross_entropy,
 )
-from pipeline.checkpoints import FusedAdam, make_optimizer
 from pipeline.config import PROJECT_ROOT, load_config
+from pipeline.training.optimizers import FusedAdam, make_optimizer
 
 
 def test_constant_schedule():

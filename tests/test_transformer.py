@@ -18,10 +18,10 @@ from helpers import (
     search_saved_model,
 )
 from pipeline.config import PROJECT_ROOT, load_config
-from pipeline.distributed_training import TrainingTransformer
-from pipeline.errors import UserError
-from pipeline.search import beam_search, greedy_search
-from pipeline.translation import SearchOptions, Translator
+from pipeline.core.errors import UserError
+from pipeline.decoding.search import beam_search, greedy_search
+from pipeline.decoding.translation import SearchOptions, Translator
+from pipeline.model_types.training_twins import TrainingTransformer
 from pipeline.workdir import load_trained
 
 VOCAB = 20

@@ -12,8 +12,8 @@ import pytest
 
 from export.runtime import OnnxTranslator
 from helpers import node_example, real_sentences
-from pipeline.attention_plot import piece_label
 from pipeline.config import PROJECT_ROOT
+from pipeline.decoding.attention_plot import piece_label
 
 EXAMPLE = PROJECT_ROOT / "examples" / "web"
 BEAM_SIZE = 3  # not the exported default (5): the page's control must reach the model

@@ -23,7 +23,7 @@ from helpers import (
     wait_for_checkpoint,
 )
 from pipeline.config import PROJECT_ROOT
-from pipeline.errors import UnusableFileError, UserError, WriteFailed
+from pipeline.core.errors import UnusableFileError, UserError, WriteFailed
 from pipeline.workdir import LOCK_FILE, exclusive_writer
 
 NO_TEST = ("--set", "data.test_source=null", "--set", "data.test_target=null")
@@ -285,7 +285,7 @@ def test_a_disk_that_fills_during_training_stops_it_with_one_line(small_disk):
 
 
 def test_a_failed_atomic_write_names_the_file_and_keeps_the_old_one(tmp_path, monkeypatch):
-    from pipeline import atomic_files
+    from pipeline.core import atomic_files
 
     target = tmp_path / "report.json"
     target.write_text("old")

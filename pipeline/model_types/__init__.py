@@ -1,8 +1,9 @@
 """The model types, one module each (`model.type` selects one): its `model` keys with their
 meanings and checks, its builder (and training twin), the export formats that cannot hold it.
-A new type is a new module here and its entry in `MODEL_TYPES`."""
+A new type is a new module here and its entry in `MODEL_TYPES`; `builder.build_model` builds
+any. No TensorFlow is imported here: the configuration reads these declarations."""
 
-from pipeline.fields import Field
+from pipeline.core.fields import Field
 from pipeline.model_types.model_type import COMMON_KEYS, ModelType
 from pipeline.model_types.recurrent import RECURRENT
 from pipeline.model_types.transformer import TRANSFORMER

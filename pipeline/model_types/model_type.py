@@ -4,7 +4,7 @@ builder and the export formats that cannot hold it."""
 import dataclasses
 from collections.abc import Callable
 
-from pipeline.fields import Field, positive_int, rate
+from pipeline.core.fields import Field, positive_int, rate
 
 # The `model` keys of every type, besides `type` itself.
 COMMON_KEYS = {

@@ -1,8 +1,8 @@
 """Recurrent encoder-decoders with attention (`model.type: rnn`): Bahdanau et al. (2015) and
 Luong et al. (2015)."""
 
-from pipeline.errors import UserError
-from pipeline.fields import Field, positive_int
+from pipeline.core.errors import UserError
+from pipeline.core.fields import Field, positive_int
 from pipeline.model_types.model_type import ModelType
 
 ATTENTIONS = (
@@ -104,7 +104,7 @@ def sampling_schedule(train_config):
 
 def build(config, source_vocab_size, target_vocab_size, for_training):
     import layers
-    from pipeline.distributed_training import TrainingRecurrentSeq2Seq
+    from pipeline.model_types.training_twins import TrainingRecurrentSeq2Seq
 
     model_config = config["model"]
     encoder = layers.RecurrentEncoder(

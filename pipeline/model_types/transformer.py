@@ -1,7 +1,7 @@
 """Transformers (`model.type: transformer`; Vaswani et al., 2017)."""
 
-from pipeline.errors import UserError
-from pipeline.fields import Field, positive_int, rate
+from pipeline.core.errors import UserError
+from pipeline.core.fields import Field, positive_int, rate
 from pipeline.model_types.model_type import ModelType
 
 KEYS = {
@@ -46,7 +46,7 @@ def check(config, where):
 
 def build(config, source_vocab_size, target_vocab_size, for_training):
     import layers
-    from pipeline.distributed_training import TrainingTransformer
+    from pipeline.model_types.training_twins import TrainingTransformer
 
     model_config = config["model"]
     model_class = TrainingTransformer if for_training else layers.Transformer

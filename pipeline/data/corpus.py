@@ -2,7 +2,7 @@
 
 Validation and test splits are small and read into memory. Training corpora may be any size:
 they are described by their files (glob patterns of shards, several corpora with weights),
-counted and checked in one streaming pass, and read as a stream by `pipeline.dataset`.
+counted and checked in one streaming pass, and read as a stream by `pipeline.data.dataset`.
 """
 
 import dataclasses
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from pipeline.errors import UserError
+from pipeline.core.errors import UserError
 
 
 @dataclasses.dataclass
@@ -114,7 +114,7 @@ def read_split(data_config, split):
     return None
 
 
-# Training corpora are streamed: described here by their files, read by `pipeline.dataset`.
+# Training corpora are streamed: described here by their files, read by `pipeline.data.dataset`.
 
 SCAN_CHUNK_BYTES = 1 << 20
 SCAN_PROGRESS_BYTES = 1 << 28  # a progress bar for corpora from this size on disk

@@ -3,7 +3,7 @@
 import functools
 import sys
 
-from pipeline.library_output import quiet_tensorflow_startup
+from pipeline.core.library_output import quiet_tensorflow_startup
 
 
 class UserError(Exception):

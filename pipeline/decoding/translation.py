@@ -5,10 +5,10 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from pipeline.length_batches import length_sorted_batches
-from pipeline.search import search
-from pipeline.search_options import SearchOptions
-from pipeline.tokenizer import EOS_ID, PAD_ID, UNK_ID
+from pipeline.data.length_batches import length_sorted_batches
+from pipeline.data.tokenizer import EOS_ID, PAD_ID, UNK_ID
+from pipeline.decoding.search import search
+from pipeline.decoding.search_options import SearchOptions
 
 __all__ = ["Hypothesis", "SearchOptions", "Translator", "replace_unknown"]
 

@@ -13,8 +13,8 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from pipeline.errors import UserError
-from pipeline.tokenizer import BOS_ID, EOS_ID
+from pipeline.core.errors import UserError
+from pipeline.data.tokenizer import BOS_ID, EOS_ID
 
 TOKENIZE_CHUNK = 8192  # sentences tokenised at once in memory
 STREAM_TOKENIZE_BATCH = 256  # lines tokenised at once on the stream

@@ -4,7 +4,7 @@ schema (`pipeline.config`) and of each model type's keys (`pipeline.model_types`
 import dataclasses
 from typing import Any
 
-from pipeline.errors import UserError
+from pipeline.core.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)

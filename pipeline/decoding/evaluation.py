@@ -21,12 +21,17 @@ def score_translations(hypotheses, references):
 
 
 def corpus_perplexity(model, corpus, source_tokenizer, target_tokenizer, config, name, log=print):
-    """The model's teacher-forced perplexity on `corpus` (a `pipeline.corpus` split named
+    """The model's teacher-forced perplexity on `corpus` (a `pipeline.data.corpus` split named
     `name`), over its pairs within the training length limits, batched as in training.
 
     Returns (perplexity, pairs), or None when no pair is within the limits.
     """
-    from pipeline.dataset import batching_options, encode_corpus, make_dataset, with_known_length
+    from pipeline.data.dataset import (
+        batching_options,
+        encode_corpus,
+        make_dataset,
+        with_known_length,
+    )
 
     encoded = encode_corpus(
         corpus, source_tokenizer, target_tokenizer, config["data"], name, log=log

@@ -1,5 +1,4 @@
-"""The model described by the `model` section of a configuration, built by its model type
-(`pipeline.model_types`)."""
+"""The model described by the `model` section of a configuration, built by its model type."""
 
 import contextlib
 
@@ -32,7 +31,7 @@ def build_model(
     `train.precision`; translation and export keep the float32 default. The weights are
     float32 under every policy, so they move between the two with `set_weights`.
     `for_training` builds the model's twin that trains under any `tf.distribute` strategy
-    (`pipeline.distributed_training`), with the same weights.
+    (`training_twins`), with the same weights.
     """
     model_type = MODEL_TYPES[config["model"]["type"]]
     with dtype_policy(precision):

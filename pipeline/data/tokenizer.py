@@ -15,8 +15,8 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from layers.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from pipeline.atomic_files import atomic_path
-from pipeline.errors import UnusableFileError, UserError
+from pipeline.core.atomic_files import atomic_path
+from pipeline.core.errors import UnusableFileError, UserError
 
 SPECIAL_PIECES = {
     "pad_piece": "<pad>",

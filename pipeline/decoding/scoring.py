@@ -6,8 +6,8 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from pipeline.length_batches import length_sorted_batches
-from pipeline.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from pipeline.data.length_batches import length_sorted_batches
+from pipeline.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
 @dataclasses.dataclass

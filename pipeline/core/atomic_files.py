@@ -7,7 +7,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from pipeline.errors import UserError, WriteFailed, first_line
+from pipeline.core.errors import UserError, WriteFailed, first_line
 
 
 def write_failure_reason(error):

@@ -7,7 +7,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
-from pipeline.atomic_files import atomic_path
+from pipeline.core.atomic_files import atomic_path
 
 
 def piece_label(piece):

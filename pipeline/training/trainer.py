@@ -11,12 +11,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from pipeline import callbacks as training_callbacks
-from pipeline.atomic_files import write_text_atomically
-from pipeline.checkpoints import average_checkpoints, make_optimizer
 from pipeline.config import save_config
-from pipeline.corpus import read_split, scan_training_corpora
-from pipeline.dataset import (
+from pipeline.core.atomic_files import write_text_atomically
+from pipeline.core.errors import UserError, first_line
+from pipeline.data.corpus import read_split, scan_training_corpora
+from pipeline.data.dataset import (
     ESTIMATE_SAMPLE,
     StreamCounters,
     batching_options,
@@ -26,15 +25,22 @@ from pipeline.dataset import (
     make_training_stream,
     with_known_length,
 )
-from pipeline.distribution import WorkerLost, current_task, make_strategy, take_chiefs_state
-from pipeline.errors import UserError, first_line
-from pipeline.evaluation import score_translations
-from pipeline.model_builder import build_model
+from pipeline.data.tokenizer import prepare_tokenizers, training_tokenizers, vocabularies_to_build
+from pipeline.decoding.evaluation import score_translations
+from pipeline.decoding.translation import SearchOptions, Translator
 from pipeline.model_types import MODEL_TYPES
-from pipeline.run_state import TRAINING_TIME, RunState, restore_run, training_checkpoint
-from pipeline.schedules import schedule_from_config
-from pipeline.tokenizer import prepare_tokenizers, training_tokenizers, vocabularies_to_build
-from pipeline.translation import SearchOptions, Translator
+from pipeline.model_types.builder import build_model
+from pipeline.training import callbacks as training_callbacks
+from pipeline.training.checkpoints import average_checkpoints
+from pipeline.training.distribution import (
+    WorkerLost,
+    current_task,
+    make_strategy,
+    take_chiefs_state,
+)
+from pipeline.training.optimizers import make_optimizer
+from pipeline.training.run_state import TRAINING_TIME, RunState, restore_run, training_checkpoint
+from pipeline.training.schedules import schedule_from_config
 from pipeline.workdir import (
     CHECKPOINT_DIR,
     CONFIG_FILE,
@@ -143,7 +149,7 @@ def run(config, workdir, log=print, init_from=None):
     from that directory's weights.
 
     Under a multi-worker strategy every worker calls this; only the chief writes to
-    `workdir`, the others to their scratch folders (see `pipeline.distribution`).
+    `workdir`, the others to their scratch folders (see `pipeline.training.distribution`).
     """
     return TrainingRun(config, workdir, log, init_from).run()
 

@@ -2,7 +2,7 @@
 
 import sys
 
-from pipeline.errors import UserError
+from pipeline.core.errors import UserError
 
 
 def read_sentences(path=None, errors="strict"):

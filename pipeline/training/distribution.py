@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-from pipeline.errors import UserError
+from pipeline.core.errors import UserError
 
 SCRATCH_DIR = "worker-scratch"
 EXIT_RESTART = 75  # EX_TEMPFAIL: the same command, run again on every worker, resumes

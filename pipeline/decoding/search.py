@@ -734,7 +734,7 @@ def beam_search(
 
 def search(model, source_ids, options, target_prefix=None):
     """The one entry point of every caller: each source's length limit, then the search that
-    `options` (`pipeline.search_options.SearchOptions`) asks for, then nothing for the empty
+    `options` (`search_options.SearchOptions`) asks for, then nothing for the empty
     sources. A beam size given as a tensor (a graph input) takes the beam search, which covers
     1; sampling and the greedy search need Python options.
 

@@ -9,7 +9,7 @@ declaration here plus its search code. No TensorFlow here: the ONNX runtime impo
 import dataclasses
 from typing import Any
 
-from pipeline.errors import UserError
+from pipeline.core.errors import UserError
 
 MAX_BEAM_SIZE = 64  # an exported graph clips a larger requested beam to it
 

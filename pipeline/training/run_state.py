@@ -9,7 +9,7 @@ import math
 
 import tensorflow as tf
 
-from pipeline.errors import UnusableFileError, first_line
+from pipeline.core.errors import UnusableFileError, first_line
 
 # The checkpoint's entries, named as every format since the first has them.
 EPOCHS = "epochs"

@@ -11,10 +11,10 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
-from pipeline.atomic_files import writing
-from pipeline.attention_plot import attention_png
-from pipeline.errors import UserError, WriteFailed
-from pipeline.evaluation import score_translations
+from pipeline.core.atomic_files import writing
+from pipeline.core.errors import UserError, WriteFailed
+from pipeline.decoding.attention_plot import attention_png
+from pipeline.decoding.evaluation import score_translations
 
 
 class TrainingDiverged(UserError):

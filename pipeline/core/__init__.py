@@ -1,0 +1,1 @@
+"""What every part of the pipeline uses: errors, atomic writes, library output, fields."""

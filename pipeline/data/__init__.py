@@ -1,0 +1,1 @@
+"""Corpora, SentencePiece tokenizers and the `tf.data` batches made of them."""
