@@ -761,8 +761,8 @@ QUALITY_TOOLKITS = tuple(QUALITY_RUNS)
 
 
 def ctranslate2_models(family, root):
-    """{system: CTranslate2 model directory}: each toolkit's quality model, converted by its
-    own converter (ours: `python -m export --formats ctranslate2`)."""
+    """{system: CTranslate2 model directory}: ours (`python -m export --formats ctranslate2`)
+    and each peer's quality model that was trained, converted by the peer's own converter."""
     quality_dir = root / "quality" / family.name
     models = {}
     ours = quality_dir / "ours"
@@ -771,22 +771,25 @@ def ctranslate2_models(family, root):
                  "--formats", "onnx,ctranslate2"], ours / "export.log",
                 env=our_environment())  # fmt: skip
     models["ours"] = ours / "export" / "ctranslate2"
-    opennmt_tf = quality_dir / "opennmt-tf"
-    if not (opennmt_tf / "ctranslate2").exists():
-        task = ["--checkpoint_path", opennmt_tf / "model" / "avg", "export",
-                "--output_dir", opennmt_tf / "ctranslate2", "--format", "ctranslate2"]  # fmt: skip
-        checked(opennmt_tf_command(root, opennmt_tf, opennmt_tf / "data.yml",
-                                   opennmt_tf / "model.py", *task),
-                opennmt_tf / "export.log", env=environment("opennmt-tf", 2))  # fmt: skip
-    models["opennmt-tf"] = opennmt_tf / "ctranslate2"
-    opennmt_py = quality_dir / "opennmt-py"
-    if not (opennmt_py / "ctranslate2").exists():
-        checkpoint = max((opennmt_py / "model").glob("model_step_*.pt"),
-                         key=lambda p: int(p.stem.rsplit("_", 1)[1]))  # fmt: skip
-        convert = [PEERS["opennmt-py"].bin(root, "ct2-opennmt-py-converter"), "--model_path",
-                   checkpoint, "--output_dir", opennmt_py / "ctranslate2"]  # fmt: skip
-        checked(convert, opennmt_py / "export.log", env=environment("opennmt-py", 2))
-    models["opennmt-py"] = opennmt_py / "ctranslate2"
+    for toolkit in QUALITY_TOOLKITS:
+        workdir = quality_dir / toolkit
+        if toolkit.startswith("opennmt-tf") and (workdir / "model" / "avg").exists():
+            if not (workdir / "ctranslate2").exists():
+                task = ["--checkpoint_path", workdir / "model" / "avg", "export", "--output_dir",
+                        workdir / "ctranslate2", "--format", "ctranslate2"]  # fmt: skip
+                checked(opennmt_tf_command(root, workdir, workdir / "data.yml",
+                                           workdir / "model.py", *task),
+                        workdir / "export.log", env=environment("opennmt-tf", 2))  # fmt: skip
+            models[toolkit] = workdir / "ctranslate2"
+        checkpoints = list((workdir / "model").glob("model_step_*.pt"))
+        if toolkit.startswith("opennmt-py") and checkpoints:
+            if not (workdir / "ctranslate2").exists():
+                checkpoint = max(checkpoints, key=lambda p: int(p.stem.rsplit("_", 1)[1]))
+                convert = [PEERS["opennmt-py"].bin(root, "ct2-opennmt-py-converter"),
+                           "--model_path", checkpoint,
+                           "--output_dir", workdir / "ctranslate2"]  # fmt: skip
+                checked(convert, workdir / "export.log", env=environment("opennmt-py", 2))
+            models[toolkit] = workdir / "ctranslate2"
     return models
 
 
@@ -845,7 +848,7 @@ def inference(root, family, sentences_count, rounds, threads):
     references = paths[TARGET].read_text(encoding="utf-8").splitlines()[:sentences_count]
     settings = [(batch, beam) for batch in (1, 64) for beam in (1, BEAM_SIZE)]
     rates = {(name, *setting): [] for name in systems for setting in settings}
-    scores = {}
+    scores, words = {}, {}
     for _ in range(rounds):
         for batch, beam in settings:
             for name, system in systems.items():
@@ -854,10 +857,12 @@ def inference(root, family, sentences_count, rounds, threads):
                 hypotheses = system.translate(sources, batch, beam)
                 rates[name, batch, beam].append(len(sources) / (time.perf_counter() - started))
                 scores[name, batch, beam] = score_translations(hypotheses, references)
+                words[name, batch, beam] = sum(len(h.split()) for h in hypotheses) / len(hypotheses)
     rows = [
         {"system": name, "batch": batch, "beam": beam, "sentences_per_s": rate,
          "bleu": scores[name, batch, beam]["bleu"],
-         "bleu_lowercase": scores[name, batch, beam]["bleu_lowercase"]}
+         "bleu_lowercase": scores[name, batch, beam]["bleu_lowercase"],
+         "words_per_translation": words[name, batch, beam]}
         for (name, batch, beam), rate in rates.items()
     ]  # fmt: skip
     save_result(root, ["inference", family.name, f"{threads} threads"], rows)
@@ -897,13 +902,14 @@ def report(root):
     for family, by_threads in results.get("inference", {}).items():
         for threads, rows in by_threads.items():
             print(f"\n### {family}: translating test_2016_flickr, {threads}\n")
-            print("| system | batch | beam | sentences/s (each round) | median | BLEU |")
-            print("|---|---:|---:|---|---:|---:|")
+            print("| system | batch | beam | sentences/s (each round) | median | BLEU | words |")
+            print("|---|---:|---:|---|---:|---:|---:|")
             for row in rows:
                 each = ", ".join(f"{r:,.1f}" for r in row["sentences_per_s"])
                 median = statistics.median(row["sentences_per_s"])
                 print(f"| {row['system']} | {row['batch']} | {row['beam']} | {each} | "
-                      f"{median:,.1f} | {row['bleu']:.2f} |")  # fmt: skip
+                      f"{median:,.1f} | {row['bleu']:.2f} | "
+                      f"{row.get('words_per_translation', 0):.1f} |")  # fmt: skip
 
 
 def main(argv=None):
