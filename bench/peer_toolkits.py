@@ -858,14 +858,14 @@ def inference(root, family, sentences_count, rounds, threads):
                 rates[name, batch, beam].append(len(sources) / (time.perf_counter() - started))
                 scores[name, batch, beam] = score_translations(hypotheses, references)
                 words[name, batch, beam] = sum(len(h.split()) for h in hypotheses) / len(hypotheses)
-    rows = [
-        {"system": name, "batch": batch, "beam": beam, "sentences_per_s": rate,
-         "bleu": scores[name, batch, beam]["bleu"],
-         "bleu_lowercase": scores[name, batch, beam]["bleu_lowercase"],
-         "words_per_translation": words[name, batch, beam]}
-        for (name, batch, beam), rate in rates.items()
-    ]  # fmt: skip
-    save_result(root, ["inference", family.name, f"{threads} threads"], rows)
+                rows = [  # saved after each measurement: a stopped run keeps what it measured
+                    {"system": name, "batch": batch, "beam": beam, "sentences_per_s": rate,
+                     "bleu": scores[name, batch, beam]["bleu"],
+                     "bleu_lowercase": scores[name, batch, beam]["bleu_lowercase"],
+                     "words_per_translation": words[name, batch, beam]}
+                    for (name, batch, beam), rate in rates.items() if rate
+                ]  # fmt: skip
+                save_result(root, ["inference", family.name, f"{threads} threads"], rows)
 
 
 # --- report --------------------------------------------------------------------------------
