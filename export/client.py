@@ -14,9 +14,11 @@ import urllib.request
 
 from export.signature import (
     BEAM_SEARCH,
+    SCORES,
     SENTENCES,
     SERVING_DEFAULT,
     SOURCE_IDS,
+    TRANSLATIONS,
     option_dtypes,
 )
 
@@ -73,8 +75,8 @@ def translations_from_response(response):
     """(translations, scores) from a `PredictResponse` of `serving_default`."""
     import tensorflow as tf
 
-    texts = tf.make_ndarray(response.outputs["translations"])
-    return [t.decode("utf-8") for t in texts], tf.make_ndarray(response.outputs["scores"]).tolist()
+    texts = tf.make_ndarray(response.outputs[TRANSLATIONS])
+    return [t.decode("utf-8") for t in texts], tf.make_ndarray(response.outputs[SCORES]).tolist()
 
 
 def translate_grpc(address, sentences, model_name, timeout=30.0):
@@ -95,7 +97,7 @@ def translate_rest(url, sentences, model_name, timeout=30.0):
     )
     with urllib.request.urlopen(request, timeout=timeout) as response:
         predictions = json.load(response)["predictions"]
-    return [p["translations"] for p in predictions]
+    return [p[TRANSLATIONS] for p in predictions]
 
 
 def main(argv=None):

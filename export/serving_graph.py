@@ -14,11 +14,13 @@ import tensorflow_text as tf_text
 
 from export.signature import (
     BEAM_SEARCH,
+    SCORES,
     SEARCH_OUTPUTS,
     SENTENCES,
     SERVING_DEFAULT,
     SOURCE_IDS,
     TARGET_PREFIX,
+    TRANSLATIONS,
     WITH_PREFIX,
 )
 from pipeline.data.tokenizer import PAD_ID, UNK_ID
@@ -133,8 +135,8 @@ class TranslationGraph(tf.Module):
             prefix_ids = self.target_tokenizer.tokenize(target_prefix).to_tensor(PAD_ID)
             best = search(source_ids, prefix_ids, **defaults)
             return {
-                "translations": self.target_tokenizer.detokenize(best["ids"][:, 0]),
-                "scores": best["scores"][:, 0],
+                TRANSLATIONS: self.target_tokenizer.detokenize(best["ids"][:, 0]),
+                SCORES: best["scores"][:, 0],
             }
 
         sentences_spec = tf.TensorSpec([None], tf.string, name=SENTENCES)

@@ -23,9 +23,34 @@ SOURCE_IDS = "source_ids"  # int32 [batch, src_len], right-padded with 0
 # are empty prefixes); `translate_with_prefix`: string [batch].
 TARGET_PREFIX = "target_prefix"
 SEARCH_OUTPUTS = ("ids", "lengths", "scores", "attention")
+TRANSLATIONS, SCORES = "translations", "scores"  # the outputs of the text signatures
 # The ONNX export's description (model files, vocabularies, inputs, special ids), beside it.
 METADATA_FILE = "model.json"
 EXPORTED_OPTION_NAMES = tuple(option.name for option in EXPORTED_OPTIONS)
+
+
+# Each signature's inputs and outputs as {name: (dtype, rank)}, in the SavedModel's terms; the
+# server (export.serve) describes and checks requests by it, and a test holds the SavedModel
+# to it. `beam_search` takes the exported options as scalars.
+SIGNATURES = {
+    SERVING_DEFAULT: {
+        "inputs": {SENTENCES: ("string", 1)},
+        "outputs": {TRANSLATIONS: ("string", 1), SCORES: ("float32", 1)},
+    },
+    WITH_PREFIX: {
+        "inputs": {SENTENCES: ("string", 1), TARGET_PREFIX: ("string", 1)},
+        "outputs": {TRANSLATIONS: ("string", 1), SCORES: ("float32", 1)},
+    },
+    BEAM_SEARCH: {
+        "inputs": {SOURCE_IDS: ("int32", 2), TARGET_PREFIX: ("int32", 2),
+                   **{option.name: (option.dtype, 0) for option in EXPORTED_OPTIONS}},
+        "outputs": dict(zip(SEARCH_OUTPUTS, [("int32", 3), ("int32", 2), ("float32", 2),
+                                             ("float32", 4)])),
+    },
+}  # fmt: skip
+# The inputs a request must give; the others take the SavedModel's defaults.
+REQUIRED_INPUTS = {SERVING_DEFAULT: (SENTENCES,), WITH_PREFIX: (SENTENCES, TARGET_PREFIX),
+                   BEAM_SEARCH: (SOURCE_IDS,)}  # fmt: skip
 
 
 def option_dtypes(options):

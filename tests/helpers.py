@@ -3,6 +3,7 @@
 import gzip
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -126,6 +127,12 @@ def train_command(workdir, *overrides):
         "--set", "train.checkpoint_every_steps=10", "--set", "train.keep_checkpoints=20",
         "--set", "train.bleu_every_epochs=0", *overrides,
     ]  # fmt: skip
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def start(command):

@@ -7,7 +7,6 @@ import math
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import SMOKE
+from helpers import SMOKE, free_port
 from pipeline.config import PROJECT_ROOT, load_config
 from pipeline.core.errors import UserError
 from pipeline.training.distribution import EXIT_RESTART, SCRATCH_DIR, Task, current_task
@@ -97,12 +96,6 @@ def test_mirrored_training_over_two_cpu_devices(tmp_path):
     assert "2 replica(s)" in result.stdout and "32 per replica, 64 global" in result.stdout
     assert "learning rate 0.02" in result.stdout  # 0.01 x 2 replicas
     assert (tmp_path / "model.keras").is_file()
-
-
-def free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def start_workers(workdir, cluster, *args):

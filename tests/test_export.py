@@ -23,6 +23,7 @@ from export.onnx_rewrites import optimise_loops, subgraphs
 from export.runtime import OnnxTranslator
 from export.serving_check import read_meta_graph, unsupported_ops, write_signature_only
 from export.serving_graph import TranslationGraph
+from export.signature import REQUIRED_INPUTS, SIGNATURES
 from helpers import (
     node_example,
     padded_ids,
@@ -366,6 +367,23 @@ def test_a_missing_int8_model_is_named(out, tmp_path):
     with pytest.raises(UnusableFileError, match="onnx_int8"):
         OnnxTranslator(tmp_path, int8=True)
     assert OnnxTranslator(tmp_path).translate(["Ein Hund."])
+
+
+def test_the_saved_models_signatures_are_the_declared_ones(saved_model_dir):
+    """`export.signature.SIGNATURES`, which the REST server describes and checks requests by,
+    is what the SavedModel has: names, dtypes, ranks and the inputs that have defaults."""
+    signature_defs = read_meta_graph(saved_model_dir).signature_def
+    assert set(signature_defs) >= set(SIGNATURES)
+    for name, declared in SIGNATURES.items():
+        signature = signature_defs[name]
+        for side in ("inputs", "outputs"):
+            tensors = getattr(signature, side)
+            assert set(tensors) == set(declared[side]), (name, side)
+            for tensor, (dtype, rank) in declared[side].items():
+                info = tensors[tensor]
+                assert tf.dtypes.as_dtype(info.dtype).name == dtype, (name, tensor)
+                assert len(info.tensor_shape.dim) == rank, (name, tensor)
+        assert set(signature.inputs) - set(signature.defaults) == set(REQUIRED_INPUTS[name])
 
 
 def test_client_requests_fit_the_signatures(saved_model_dir, loaded, workdir):

@@ -1,0 +1,321 @@
+"""A translation server that speaks TF Serving's REST API, on ONNX Runtime (no TensorFlow).
+
+    python -m export.serve runs/default/export [--port 8501] [--model-name translator]
+
+    POST /v1/models/NAME[/versions/N]:predict     signatures serving_default,
+                                                   translate_with_prefix, beam_search
+    GET  /v1/models/NAME[/versions/N]             the version served
+    GET  /v1/models/NAME[/versions/N]/metadata    the signatures
+    GET  /monitoring/prometheus/metrics           Prometheus metrics
+
+The same requests as TF Serving's (`python -m export.client --rest URL` works unchanged),
+the same answers and error shapes (`{"error": "..."}`). Sentences from concurrent requests are
+batched together (`export.batching`, with TF Serving's batching parameters); the highest
+numbered version is served and a new one picked up while serving (`export.model_versions`).
+SIGTERM or Ctrl-C stops taking connections, finishes the requests in flight, then exits.
+"""
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from export import rest_api
+from export.batching import BatchingParameters, BatchQueue, QueueFull
+from export.model_versions import ModelVersions
+from export.rest_api import BAD_REQUEST, NOT_FOUND, TOO_LARGE, UNAVAILABLE, RequestError
+from export.signature import (
+    SCORES,
+    SEARCH_OUTPUTS,
+    SENTENCES,
+    SOURCE_IDS,
+    TARGET_PREFIX,
+    TRANSLATIONS,
+    WITH_PREFIX,
+)
+from pipeline.config import SCHEMA
+from pipeline.core.errors import UserError, first_line, report_user_errors
+
+DEFAULT_PORT = 8501  # TF Serving's REST port in its documentation and docker image
+DEFAULT_MODEL_NAME = SCHEMA["export"]["model_name"].default
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerLimits:
+    """What one request may ask, so that one client cannot take the server."""
+
+    max_body_bytes: int = 1 << 20  # a larger body is refused with 413
+    max_sentences_per_request: int = 256  # more is refused with 400
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            if getattr(self, field.name) < 1:
+                value = getattr(self, field.name)
+                raise ValueError(f"{field.name} must be at least 1, not {value}")
+
+
+class TranslationService:
+    """One version of the model: an `OnnxTranslator` behind a `BatchQueue`."""
+
+    def __init__(self, directory, parameters, int8=False, on_batch=None):
+        from export.runtime import OnnxTranslator
+
+        self.translator = OnnxTranslator(
+            directory, batch_size=parameters.max_batch_size, int8=int8,
+            inter_threads=parameters.num_batch_threads,
+        )  # fmt: skip
+        self.queue = BatchQueue(self._run_batch, parameters, on_batch)
+
+    def close(self):
+        self.queue.close()
+
+    def submit(self, prediction):
+        """A future of `prediction`'s outputs, one value a row by output name; `QueueFull`."""
+        inputs = prediction.inputs
+        if prediction.signature not in rest_api.TEXT_SIGNATURES:
+            return self.queue.submit_alone(inputs, prediction.rows)
+        sources = self.translator.encode(inputs[SENTENCES])
+        prefixes = [None] * len(sources)
+        if prediction.signature == WITH_PREFIX:
+            prefixes = self.translator.target.encode(inputs[TARGET_PREFIX])
+        return self.queue.submit(
+            prediction.signature, list(zip(sources, prefixes)), [len(s) for s in sources]
+        )
+
+    def _run_batch(self, signature, items):
+        """`signature` None: one `beam_search` request; else sentences (source ids, prefix ids)
+        -> (translation, score) each."""
+        if signature is None:
+            return [self._beam_search(items[0])]
+        prefixes = [prefix for _, prefix in items] if signature == WITH_PREFIX else None
+        best = self.translator.translate_ids([source for source, _ in items], prefixes)
+        return [(self.translator.target.decode(ids), score) for (ids, score), *_ in best]
+
+    def _beam_search(self, inputs):
+        options = {k: v for k, v in inputs.items() if k not in (SOURCE_IDS, TARGET_PREFIX)}
+        source_ids = _id_matrix(inputs[SOURCE_IDS], min_width=1)
+        prefix = inputs.get(TARGET_PREFIX)
+        outputs = self.translator.search(
+            source_ids, None if prefix is None else _id_matrix(prefix), **options
+        )
+        return {name: outputs[name].tolist() for name in SEARCH_OUTPUTS}
+
+
+def _id_matrix(rows, min_width=0):
+    """int32 `[len(rows), width]` of rectangular `rows`, at least `min_width` columns (a source
+    needs one, all padding, to be encoded)."""
+    width = max(min_width, len(rows[0]) if rows else 0)
+    matrix = np.zeros((len(rows), width), dtype=np.int32)
+    if rows and rows[0]:
+        matrix[:, : len(rows[0])] = rows
+    return matrix
+
+
+def outputs_of(prediction, results):
+    """The batch queue's results as {output: one value a row}."""
+    if prediction.signature in rest_api.TEXT_SIGNATURES:
+        return {TRANSLATIONS: [t for t, _ in results], SCORES: [s for _, s in results]}
+    (outputs,) = results
+    return outputs
+
+
+class Metrics:
+    """Prometheus metrics of one server."""
+
+    def __init__(self, model_name, queue_depth, served_version):
+        import prometheus_client as prometheus
+
+        prometheus.disable_created_metrics()  # a `_created` series a metric is noise here
+        self.registry = prometheus.CollectorRegistry()
+        self.requests = prometheus.Counter(
+            "translation_requests", "predict requests answered, by signature and HTTP status",
+            ["model", "signature", "status"], registry=self.registry,
+        )  # fmt: skip
+        self.latency = prometheus.Histogram(
+            "translation_request_latency_seconds", "predict requests' time in the server",
+            ["model", "signature"], registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )  # fmt: skip
+        self.batch_size = prometheus.Histogram(
+            "translation_batch_size", "sentences in each batch run", ["model"],
+            registry=self.registry, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+        )  # fmt: skip
+        prometheus.Gauge(
+            "translation_queue_depth", "sentences waiting for a batch", ["model"],
+            registry=self.registry,
+        ).labels(model_name).set_function(queue_depth)  # fmt: skip
+        prometheus.Gauge(
+            "translation_model_version", "the version served", ["model"], registry=self.registry
+        ).labels(model_name).set_function(served_version)
+        self.model_name = model_name
+        self.render = lambda: prometheus.generate_latest(self.registry)
+        self.content_type = prometheus.CONTENT_TYPE_LATEST
+
+    def observe_batch(self, size):
+        self.batch_size.labels(self.model_name).observe(size)
+
+    def observe(self, signature, status, seconds):
+        self.requests.labels(self.model_name, signature, str(status)).inc()
+        self.latency.labels(self.model_name, signature).observe(seconds)
+
+
+def create_app(export_dir, model_name=DEFAULT_MODEL_NAME, parameters=None, limits=None,
+               int8=False, poll_seconds=1.0, log=print):  # fmt: skip
+    """The Starlette application serving `export_dir` (loaded here; `UserError` when it cannot
+    be); it polls for new versions while it runs."""
+    parameters, limits = parameters or BatchingParameters(), limits or ServerLimits()
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    if limits.max_sentences_per_request > parameters.queue_capacity:
+        raise UserError(f"max_sentences_per_request ({limits.max_sentences_per_request}) is "
+                        f"more than the queue holds ({parameters.queue_capacity})")  # fmt: skip
+    metrics = Metrics(
+        model_name,
+        queue_depth=lambda: versions.served.model.queue.depth,
+        served_version=lambda: versions.served.number,
+    )
+
+    def load(directory):
+        return TranslationService(directory, parameters, int8, metrics.observe_batch)
+
+    versions = ModelVersions(export_dir, load, poll_seconds, log)
+
+    def served(request):
+        """The served version a request names; `RequestError` 404 for another model or version."""
+        current = versions.served
+        name, version = request.path_params["name"], request.path_params.get("version")
+        if name != model_name:
+            raise RequestError(NOT_FOUND, f"Servable not found for request: Latest({name})")
+        if version is not None and version != str(current.number):
+            raise RequestError(NOT_FOUND, f"Servable not found for request: "
+                               f"Specific({name}, {version})")  # fmt: skip
+        return current
+
+    def error(status, message):
+        return JSONResponse({"error": message}, status_code=status)
+
+    async def read_body(request):
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limits.max_body_bytes:
+            raise RequestError(TOO_LARGE, f"the body is {declared} bytes; the most a request "
+                               f"may send is {limits.max_body_bytes}")  # fmt: skip
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limits.max_body_bytes:
+                raise RequestError(TOO_LARGE, f"the body is over {limits.max_body_bytes} bytes, "
+                                   "the most a request may send")  # fmt: skip
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def predict(request):
+        started, signature = time.perf_counter(), ""
+        try:
+            version = served(request)
+            prediction = rest_api.parse_predict(await read_body(request))
+            signature = prediction.signature
+            if prediction.rows > limits.max_sentences_per_request:
+                raise RequestError(BAD_REQUEST, f"{prediction.rows} sentences in one request; "
+                                   f"the most is {limits.max_sentences_per_request}")  # fmt: skip
+            try:
+                future = version.model.submit(prediction)
+            except QueueFull as full:
+                raise RequestError(UNAVAILABLE, str(full)) from None
+            results = await asyncio.wrap_future(future)
+            response = JSONResponse(
+                rest_api.predict_response(prediction, outputs_of(prediction, results))
+            )
+        except RequestError as refused:
+            response = error(refused.status, str(refused))
+        except Exception as failure:  # the model failed: the client is told, the server goes on
+            response = error(500, f"the model failed: {first_line(failure)}")
+        metrics.observe(signature, response.status_code, time.perf_counter() - started)
+        return response
+
+    async def status(request):
+        try:
+            return JSONResponse(rest_api.version_status(served(request).number))
+        except RequestError as refused:
+            return error(refused.status, str(refused))
+
+    async def metadata(request):
+        try:
+            return JSONResponse(rest_api.model_metadata(model_name, served(request).number))
+        except RequestError as refused:
+            return error(refused.status, str(refused))
+
+    async def prometheus_metrics(request):
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    async def http_error(request, exc):
+        return error(exc.status_code, exc.detail)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        versions.start()
+        try:
+            yield
+        finally:  # once the server has answered every request in flight
+            await asyncio.to_thread(versions.stop)
+
+    models, version = "/v1/models/{name}", "/versions/{version}"
+    routes = [
+        Route(models + ":predict", predict, methods=["POST"]),
+        Route(models + version + ":predict", predict, methods=["POST"]),
+        Route(models, status, methods=["GET"]),
+        Route(models + version, status, methods=["GET"]),
+        Route(models + "/metadata", metadata, methods=["GET"]),
+        Route(models + version + "/metadata", metadata, methods=["GET"]),
+        Route("/monitoring/prometheus/metrics", prometheus_metrics, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan,
+                     exception_handlers={HTTPException: http_error})  # fmt: skip
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog="python -m export.serve", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    parser.add_argument("export_dir", type=Path, help="an export (OUT or OUT/onnx), or a "
+                        "directory of numbered versions of one")  # fmt: skip
+    parser.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to serve other machines")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--model-name", default=DEFAULT_MODEL_NAME, help="NAME in the URLs")
+    parser.add_argument("--int8", action="store_true", help="serve model.int8.onnx")
+    parser.add_argument("--poll-seconds", type=float, default=1.0,
+                        help="how often to look for a new version")  # fmt: skip
+    for field in dataclasses.fields(BatchingParameters) + dataclasses.fields(ServerLimits):
+        parser.add_argument("--" + field.name.replace("_", "-"), type=int, default=field.default)
+    return parser.parse_args(argv)
+
+
+@report_user_errors
+def main(argv=None):
+    import uvicorn
+
+    args = parse_args(argv)
+
+    def given(kind):
+        return kind(**{f.name: getattr(args, f.name) for f in dataclasses.fields(kind)})
+
+    try:
+        parameters, limits = given(BatchingParameters), given(ServerLimits)
+    except ValueError as invalid:
+        raise UserError(str(invalid)) from None
+    app = create_app(args.export_dir, args.model_name, parameters, limits, args.int8,
+                     args.poll_seconds)  # fmt: skip
+    print(f"REST API at http://{args.host}:{args.port}/v1/models/{args.model_name}", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

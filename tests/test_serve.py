@@ -1,0 +1,403 @@
+"""`python -m export.serve`: TF Serving's REST API on ONNX Runtime, each server in a subprocess
+on a free port, every answer held to the offline `OnnxTranslator`'s."""
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from export import client
+from export.batching import BatchingParameters, BatchQueue, QueueFull
+from export.rest_api import RequestError, parse_predict
+from export.runtime import OnnxTranslator
+from export.signature import BEAM_SEARCH, SEARCH_OUTPUTS, SIGNATURES, WITH_PREFIX
+from helpers import free_port, real_sentences
+from pipeline.config import PROJECT_ROOT
+
+MODEL = "translator"
+
+
+class Server:
+    """`python -m export.serve BASE --port P ARGS...`, ready when it answers."""
+
+    def __init__(self, base, *args, model_name=MODEL):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.model_url = f"{self.url}/v1/models/{model_name}"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "export.serve", str(base), "--port", str(self.port),
+             "--model-name", model_name, "--poll-seconds", "0.2", *map(str, args)],
+            cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(f"the server stopped: {self.process.stdout.read()}")
+            try:
+                if get(self.model_url)[0] == 200:
+                    return
+            except OSError:
+                time.sleep(0.2)
+        pytest.fail("the server did not answer within 120 s")
+
+    def predict(self, body, version=None):
+        where = self.model_url + (f"/versions/{version}" if version else "") + ":predict"
+        return post(where, body)
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(60), self.process.stdout.read()
+
+
+def post(url, body):
+    """(status, JSON answer) of POST `body` (an object, sent as JSON, or bytes)."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode("utf-8")
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    return _answer(request)
+
+
+def get(url):
+    return _answer(urllib.request.Request(url))
+
+
+def _answer(request):
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+@pytest.fixture(scope="module")
+def export_dir(exported_workdir):
+    return exported_workdir / "export" / "onnx"
+
+
+@pytest.fixture(scope="module")
+def offline(export_dir):
+    return OnnxTranslator(export_dir)
+
+
+@pytest.fixture(scope="module")
+def server(export_dir):
+    running = Server(export_dir)
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def sentences():
+    return real_sentences(40)
+
+
+def offline_text(offline, sentences, prefixes=None):
+    ids = offline.translate_ids(offline.encode(sentences), offline._prefix_ids(prefixes))
+    return [offline.target.decode(best[0][0]) for best in ids], [best[0][1] for best in ids]
+
+
+def test_serving_default_in_every_request_shape_gives_the_offline_translations(
+    server, offline, sentences
+):
+    texts, scores = offline_text(offline, sentences[:5])
+    rows = [{"translations": t, "scores": s} for t, s in zip(texts, scores)]
+    columns = {"translations": texts, "scores": scores}
+    for body, key, expected in [
+        ({"instances": sentences[:5]}, "predictions", rows),
+        ({"instances": [{"sentences": s} for s in sentences[:5]]}, "predictions", rows),
+        ({"signature_name": "serving_default", "inputs": sentences[:5]}, "outputs", columns),
+        ({"inputs": {"sentences": sentences[:5]}}, "outputs", columns),
+    ]:
+        assert server.predict(body) == (200, {key: expected}), body
+    assert server.predict({"instances": ["", sentences[0]]})[1]["predictions"][0] == {
+        "translations": "", "scores": 0.0}  # fmt: skip
+    assert server.predict({"instances": []}) == (200, {"predictions": []})
+    assert server.predict({"instances": sentences[:2]}, version=1)[0] == 200
+
+
+def test_translate_with_prefix_gives_the_offline_translations(server, offline, sentences):
+    prefixes = ["A", "", "The man"]
+    texts, scores = offline_text(offline, sentences[:3], prefixes)
+    assert all(t.startswith(p) for t, p in zip(texts, prefixes))
+    instances = [{"sentences": s, "target_prefix": p} for s, p in zip(sentences, prefixes)]
+    status, answer = server.predict({"signature_name": WITH_PREFIX, "instances": instances})
+    assert status == 200
+    assert answer["predictions"] == [{"translations": t, "scores": s}
+                                     for t, s in zip(texts, scores)]  # fmt: skip
+    status, answer = server.predict({"signature_name": WITH_PREFIX, "inputs": {
+        "sentences": sentences[:3], "target_prefix": prefixes}})  # fmt: skip
+    assert (status, answer["outputs"]["translations"]) == (200, texts)
+
+
+def test_beam_search_gives_the_offline_search_outputs(server, offline, sentences):
+    source = offline._padded(offline.encode(sentences[:3]))
+    options = {"beam_size": 3, "n_best": 2, "length_penalty": 0.5, "max_length": 12}
+    expected = {k: v.tolist() for k, v in offline.search(source, **options).items()}
+    inputs = {"source_ids": source.tolist(), **options}
+    status, answer = server.predict({"signature_name": BEAM_SEARCH, "inputs": inputs})
+    assert status == 200 and set(answer["outputs"]) == set(SEARCH_OUTPUTS)
+    assert answer["outputs"] == expected
+    assert np.asarray(answer["outputs"]["ids"]).shape[:2] == (3, 2)
+    # The row format: one object a sentence, the options at their exported defaults.
+    expected = {k: v.tolist() for k, v in offline.search(source).items()}
+    status, answer = server.predict({"signature_name": BEAM_SEARCH, "instances": [
+        {"source_ids": row} for row in source.tolist()]})  # fmt: skip
+    assert status == 200
+    assert answer["predictions"] == [dict(zip(expected, row)) for row in zip(*expected.values())]
+
+
+def test_export_client_rest_works_against_it(server, offline, sentences):
+    assert client.translate_rest(server.url, sentences[:4], MODEL) == offline_text(
+        offline, sentences[:4])[0]  # fmt: skip
+
+
+def test_32_concurrent_clients_get_the_offline_translations(server, offline, sentences):
+    expected, _ = offline_text(offline, sentences)
+    requests = [sentences[i : i + 1 + i % 6] for i in range(32)]  # 1 to 6 sentences each
+
+    def ask(request):
+        return server.predict({"instances": request})
+
+    with ThreadPoolExecutor(32) as pool:
+        answers = list(pool.map(ask, requests))
+    for i, (status, answer) in enumerate(answers):
+        assert status == 200
+        assert [p["translations"] for p in answer["predictions"]] == expected[i : i + 1 + i % 6]
+    with urllib.request.urlopen(server.url + "/monitoring/prometheus/metrics") as metrics:
+        text = metrics.read().decode("utf-8")
+    batches = float(_metric(text, 'translation_batch_size_count{model="translator"}'))
+    served = sum(len(r) for r in requests)
+    assert batches < served  # sentences of several clients shared batches
+    assert float(_metric(text, 'translation_requests_total{model="translator",'
+                         'signature="serving_default",status="200"}')) >= 32  # fmt: skip
+    assert _metric(text, 'translation_queue_depth{model="translator"}') == "0.0"
+    assert _metric(text, 'translation_model_version{model="translator"}') == "1.0"
+
+
+def _metric(text, series):
+    lines = [line for line in text.splitlines() if line.startswith(series + " ")]
+    assert lines, f"{series} not in the metrics"
+    return lines[0].split()[-1]
+
+
+@pytest.mark.parametrize("body,status,says", [
+    (b'{"instances": ["Ein Hund."]', 400, "not JSON"),
+    (b"\xff\xfe", 400, "not JSON"),
+    ([], 400, "JSON object"),
+    ({"instances": [1, 2]}, 400, "list of strings"),
+    ({"inputs": {"sentences": "Ein Hund."}}, 400, "list of strings"),
+    ({"instances": ["a"], "inputs": ["a"]}, 400, "either"),
+    ({}, 400, "either"),
+    ({"signature_name": "classify", "instances": ["a"]}, 404, "classify"),
+    ({"instances": [{"sentence": "a"}]}, 400, "no input 'sentence'"),
+    ({"signature_name": WITH_PREFIX, "instances": ["a"]}, 400, "target_prefix"),
+    ({"signature_name": WITH_PREFIX, "inputs": {"sentences": ["a", "b"], "target_prefix": ["c"]}},
+     400, "rows"),
+    ({"signature_name": BEAM_SEARCH, "inputs": {"source_ids": [[5, 6], [7]]}}, 400, "pad"),
+    ({"signature_name": BEAM_SEARCH, "inputs": {"source_ids": [[5, 6]], "beam_size": 2.5}},
+     400, "integers"),
+    ({"signature_name": BEAM_SEARCH, "inputs": {"source_ids": [[5, 2**40]]}}, 400, "int32"),
+    ({"signature_name": BEAM_SEARCH, "inputs": {"source_ids": [[5]], "top_k": 2}}, 400, "top_k"),
+    ({"signature_name": BEAM_SEARCH, "instances": [{"source_ids": [5], "beam_size": 2}]},
+     400, "columnar"),
+    ({"instances": ["Ein Hund."] * 300}, 400, "the most is 256"),
+    (b'{"instances": ["' + b"x" * (2 << 20) + b'"]}', 413, "bytes"),
+])  # fmt: skip
+def test_a_bad_request_gets_its_status_and_a_one_line_error_and_the_server_goes_on(
+    server, sentences, body, status, says
+):
+    answer_status, answer = server.predict(body)
+    assert answer_status == status
+    assert list(answer) == ["error"] and says in answer["error"]
+    assert "\n" not in answer["error"]
+    assert server.predict({"instances": sentences[:1]})[0] == 200
+
+
+@pytest.mark.parametrize("path,says", [
+    ("/v1/models/other:predict", "Latest(other)"),
+    ("/v1/models/translator/versions/7:predict", "Specific(translator, 7)"),
+])  # fmt: skip
+def test_an_unknown_model_or_version_is_404(server, sentences, path, says):
+    status, answer = post(server.url + path, {"instances": sentences[:1]})
+    assert status == 404 and says in answer["error"]
+
+
+def test_status_and_metadata_are_tf_servings(server):
+    assert get(server.model_url) == (200, {"model_version_status": [{
+        "version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}
+    }]})  # fmt: skip
+    status, metadata = get(server.model_url + "/metadata")
+    assert status == 200 and metadata["model_spec"] == {
+        "name": MODEL, "signature_name": "", "version": "1"}  # fmt: skip
+    defs = metadata["metadata"]["signature_def"]["signature_def"]
+    assert set(defs) == set(SIGNATURES)
+    sentences = defs["serving_default"]["inputs"]["sentences"]
+    assert sentences["dtype"] == "DT_STRING" and len(sentences["tensor_shape"]["dim"]) == 1
+    assert defs[BEAM_SEARCH]["outputs"]["ids"]["dtype"] == "DT_INT32"
+    assert get(server.url + "/v1/models/translator/versions/3/metadata")[0] == 404
+
+
+def test_a_client_that_disconnects_does_not_disturb_the_others(server, sentences):
+    body = json.dumps({"instances": sentences * 6}).encode("utf-8")
+    for sent in (len(body) // 2, len(body)):  # in mid-body, then while it is translated
+        with socket.create_connection(("127.0.0.1", server.port)) as connection:
+            connection.sendall(b"POST /v1/models/translator:predict HTTP/1.1\r\nHost: x\r\n"
+                               b"Content-Type: application/json\r\n"
+                               b"Content-Length: %d\r\n\r\n" % len(body) + body[:sent])  # fmt: skip
+    assert server.predict({"instances": sentences[:3]})[0] == 200
+
+
+def copy_version(export_dir, base, number):
+    """BASE/number/, written beside and renamed into place, as an export is."""
+    staging = base / f".staging-{number}"
+    shutil.copytree(export_dir, staging)
+    staging.rename(base / str(number))
+
+
+def test_a_new_version_is_served_while_requests_go_on_and_sigterm_finishes_them(
+    export_dir, offline, sentences, tmp_path
+):
+    copy_version(export_dir, tmp_path, 1)
+    server = Server(tmp_path)
+    expected, _ = offline_text(offline, sentences[:4])
+    answers, stop = [], threading.Event()
+
+    def keep_asking():
+        while not stop.is_set():
+            answers.append(server.predict({"instances": sentences[:4]}))
+
+    asking = threading.Thread(target=keep_asking)
+    asking.start()
+    try:
+        copy_version(export_dir, tmp_path, 2)
+        deadline = time.monotonic() + 60
+        while get(server.model_url)[1]["model_version_status"][0]["version"] != "2":
+            assert time.monotonic() < deadline, "version 2 was not picked up"
+            time.sleep(0.1)
+        assert server.predict({"instances": sentences[:1]}, version=2)[0] == 200
+        assert server.predict({"instances": sentences[:1]}, version=1)[0] == 404
+    finally:
+        stop.set()
+        asking.join()
+    assert answers and all(status == 200 for status, _ in answers)
+    assert all([p["translations"] for p in a["predictions"]] == expected for _, a in answers)
+    # SIGTERM while a long request is being translated: it is answered, then the server exits.
+    slow = ThreadPoolExecutor(1).submit(
+        server.predict, {"signature_name": BEAM_SEARCH, "inputs": {
+            "source_ids": offline._padded(offline.encode(sentences * 4)).tolist(),
+            "beam_size": 8}})  # fmt: skip
+    time.sleep(0.5)
+    returncode, output = server.stop()
+    assert slow.result()[0] == 200
+    assert returncode in (0, -signal.SIGTERM), output  # uvicorn re-raises it once it is done
+    assert "Serving version 2" in output
+
+
+def test_a_full_queue_answers_503_at_once(export_dir, offline, sentences):
+    server = Server(export_dir, "--max-batch-size", 1, "--max-enqueued-batches", 1,
+                    "--max-sentences-per-request", 1)  # fmt: skip
+    try:
+        with ThreadPoolExecutor(12) as pool:
+            answers = list(pool.map(
+                lambda s: server.predict({"instances": [s]}), sentences[:12]))  # fmt: skip
+    finally:
+        server.stop()
+    refused = [a for status, a in answers if status == 503]
+    assert refused and all("queue is full" in a["error"] for a in refused)
+    expected, _ = offline_text(offline, sentences[:12])
+    for (status, answer), translation in zip(answers, expected):
+        assert status == 503 or answer["predictions"][0]["translations"] == translation
+
+
+def test_a_missing_or_damaged_export_is_one_line(tmp_path, export_dir):
+    def serve():
+        command = [sys.executable, "-m", "export.serve", str(tmp_path)]
+        return subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+
+    result = serve()
+    assert result.returncode != 0
+    assert "no exported ONNX model" in result.stderr and len(result.stderr.splitlines()) == 1
+    shutil.copytree(export_dir, tmp_path / "1")
+    (tmp_path / "1" / "model.onnx").write_bytes(b"not a model")
+    result = serve()
+    assert result.returncode != 0 and "model.onnx" in result.stderr
+    assert len(result.stderr.splitlines()) == 1
+
+
+# --- the parts, without a server -------------------------------------------------------------
+
+
+def test_the_batch_queue_merges_concurrent_submissions_by_key_and_length():
+    batches = []
+
+    def run_batch(key, items):
+        batches.append((key, list(items)))
+        time.sleep(0.05)
+        return [f"{key}:{item}" for item in items]
+
+    queue = BatchQueue(run_batch, BatchingParameters(max_batch_size=3, batch_timeout_micros=50_000))
+    futures = [queue.submit("a", ["x1", "x9"], [1, 9]), queue.submit("b", ["y"], [2]),
+               queue.submit("a", ["x2", "x8", "x3"], [2, 8, 3])]  # fmt: skip
+    assert [f.result(10) for f in futures] == [["a:x1", "a:x9"], ["b:y"], ["a:x2", "a:x8", "a:x3"]]
+    queue.close()
+    # The oldest (x1, length 1) leaves with the two closest in length (x2, x3); never mixed keys.
+    assert batches[0] == ("a", ["x1", "x2", "x3"])
+    assert sorted(map(tuple, (b[1] for b in batches[1:]))) == [("x9", "x8"), ("y",)]
+
+
+def test_the_batch_queue_refuses_past_its_bound_and_passes_errors_to_their_requests():
+    release = threading.Event()
+
+    def run_batch(key, items):
+        release.wait(10)
+        if "bad" in items:
+            raise ValueError("bad item")
+        return items
+
+    queue = BatchQueue(run_batch, BatchingParameters(max_batch_size=2, max_enqueued_batches=1,
+                                                     batch_timeout_micros=0))  # fmt: skip
+    first = queue.submit("k", ["bad"], [1])
+    time.sleep(0.2)  # taken by the worker, which waits
+    waiting = queue.submit("k", ["a", "b"], [1, 1])
+    with pytest.raises(QueueFull, match="queue is full"):
+        queue.submit("k", ["c"], [1])
+    assert queue.depth == 2
+    release.set()
+    with pytest.raises(ValueError, match="bad item"):
+        first.result(10)
+    assert waiting.result(10) == ["a", "b"]
+    queue.close()
+    with pytest.raises(QueueFull, match="stopping"):
+        queue.submit("k", ["d"], [1])
+
+
+def test_the_parser_reads_each_shape_and_names_the_problem():
+    prediction = parse_predict(b'{"instances": ["a", "b"]}')
+    assert (prediction.signature, prediction.inputs, prediction.rows, prediction.row_format) == (
+        "serving_default", {"sentences": ["a", "b"]}, 2, True)  # fmt: skip
+    prediction = parse_predict(json.dumps({"signature_name": BEAM_SEARCH, "inputs": {
+        "source_ids": [[4, 5]], "length_penalty": 1}}).encode())  # fmt: skip
+    assert prediction.inputs == {"source_ids": [[4, 5]], "length_penalty": 1.0}
+    with pytest.raises(RequestError, match="'beam_size' takes integers") as refused:
+        parse_predict(json.dumps({"signature_name": BEAM_SEARCH, "inputs": {
+            "source_ids": [[4]], "beam_size": True}}).encode())  # fmt: skip
+    assert refused.value.status == 400
+
+
+def test_the_server_runs_without_tensorflow(export_dir):
+    loaded = "sorted(m for m in ('tensorflow', 'keras', 'tf2onnx') if m in sys.modules)"
+    code = f"import sys, export.serve as s; s.create_app(sys.argv[1]); print({loaded})"
+    result = subprocess.run([sys.executable, "-c", code, str(export_dir)], capture_output=True,
+                            text=True, cwd=PROJECT_ROOT, timeout=120, check=True)  # fmt: skip
+    assert result.stdout.strip().splitlines()[-1] == "[]"
