@@ -16,14 +16,22 @@ import time
 from concurrent.futures import Future
 
 
+def _parameter(default, meaning):
+    """A field with its one-line meaning (the server's --help)."""
+    return dataclasses.field(default=default, metadata={"meaning": meaning})
+
+
 @dataclasses.dataclass(frozen=True)
 class BatchingParameters:
     """TF Serving's batching parameters (its `--batching_parameters_file` names)."""
 
-    max_batch_size: int = 64  # sentences in one batch
-    batch_timeout_micros: int = 2000  # the longest the oldest sentence waits for batch-mates
-    max_enqueued_batches: int = 32  # the queue's bound, in batches of max_batch_size sentences
-    num_batch_threads: int = 1  # batches running at once, each on its share of the CPUs
+    max_batch_size: int = _parameter(64, "sentences in one batch")
+    batch_timeout_micros: int = _parameter(2000, "the longest the oldest sentence waits for "
+                                           "batch-mates")  # fmt: skip
+    max_enqueued_batches: int = _parameter(32, "the queue's bound, in batches of "
+                                           "max_batch_size sentences; past it: 503")  # fmt: skip
+    num_batch_threads: int = _parameter(1, "batches running at once, each on its share of "
+                                        "the CPUs")  # fmt: skip
 
     def __post_init__(self):
         for field in dataclasses.fields(self):

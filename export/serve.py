@@ -40,17 +40,29 @@ from export.signature import (
 )
 from pipeline.config import SCHEMA
 from pipeline.core.errors import UserError, first_line, report_user_errors
+from pipeline.decoding.search_options import (
+    SEARCH_OPTIONS,
+    add_search_arguments,
+    search_arguments,
+)
 
 DEFAULT_PORT = 8501  # TF Serving's REST port in its documentation and docker image
 DEFAULT_MODEL_NAME = SCHEMA["export"]["model_name"].default
+# What a text signature's search cannot be told: options an export does not take, and n_best
+# (a text signature gives one translation a sentence).
+TEXT_FIXED_OPTIONS = [o.name for o in SEARCH_OPTIONS if not o.exported] + ["n_best"]
 
 
 @dataclasses.dataclass(frozen=True)
 class ServerLimits:
     """What one request may ask, so that one client cannot take the server."""
 
-    max_body_bytes: int = 1 << 20  # a larger body is refused with 413
-    max_sentences_per_request: int = 256  # more is refused with 400
+    max_body_bytes: int = dataclasses.field(
+        default=1 << 20, metadata={"meaning": "a larger request body is refused (413)"}
+    )
+    max_sentences_per_request: int = dataclasses.field(
+        default=256, metadata={"meaning": "a request with more is refused (400)"}
+    )
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
@@ -60,11 +72,14 @@ class ServerLimits:
 
 
 class TranslationService:
-    """One version of the model: an `OnnxTranslator` behind a `BatchQueue`."""
+    """One version of the model: an `OnnxTranslator` behind a `BatchQueue`. The text
+    signatures search with `text_options` (exported options; the others at the export's
+    defaults)."""
 
-    def __init__(self, directory, parameters, int8=False, on_batch=None):
+    def __init__(self, directory, parameters, int8=False, on_batch=None, text_options=None):
         from export.runtime import OnnxTranslator
 
+        self.text_options = text_options or {}
         self.translator = OnnxTranslator(
             directory, batch_size=parameters.max_batch_size, int8=int8,
             inter_threads=parameters.num_batch_threads,
@@ -93,7 +108,9 @@ class TranslationService:
         if signature is None:
             return [self._beam_search(items[0])]
         prefixes = [prefix for _, prefix in items] if signature == WITH_PREFIX else None
-        best = self.translator.translate_ids([source for source, _ in items], prefixes)
+        best = self.translator.translate_ids(
+            [source for source, _ in items], prefixes, **self.text_options
+        )
         return [(self.translator.target.decode(ids), score) for (ids, score), *_ in best]
 
     def _beam_search(self, inputs):
@@ -165,9 +182,10 @@ class Metrics:
 
 
 def create_app(export_dir, model_name=DEFAULT_MODEL_NAME, parameters=None, limits=None,
-               int8=False, poll_seconds=1.0, log=print):  # fmt: skip
+               int8=False, poll_seconds=1.0, text_options=None, log=print):  # fmt: skip
     """The Starlette application serving `export_dir` (loaded here; `UserError` when it cannot
-    be); it polls for new versions while it runs."""
+    be); it polls for new versions while it runs. `text_options`: search options of the text
+    signatures, in place of the export's defaults."""
     parameters, limits = parameters or BatchingParameters(), limits or ServerLimits()
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
@@ -184,7 +202,7 @@ def create_app(export_dir, model_name=DEFAULT_MODEL_NAME, parameters=None, limit
     )
 
     def load(directory):
-        return TranslationService(directory, parameters, int8, metrics.observe_batch)
+        return TranslationService(directory, parameters, int8, metrics.observe_batch, text_options)
 
     versions = ModelVersions(export_dir, load, poll_seconds, log)
 
@@ -294,7 +312,11 @@ def parse_args(argv):
     parser.add_argument("--poll-seconds", type=float, default=1.0,
                         help="how often to look for a new version")  # fmt: skip
     for field in dataclasses.fields(BatchingParameters) + dataclasses.fields(ServerLimits):
-        parser.add_argument("--" + field.name.replace("_", "-"), type=int, default=field.default)
+        parser.add_argument("--" + field.name.replace("_", "-"), type=int, default=field.default,
+                            help=f"{field.metadata['meaning']} (default: %(default)s)")  # fmt: skip
+    add_search_arguments(
+        parser, exclude=TEXT_FIXED_OPTIONS
+    ).title = "search of serving_default and translate_with_prefix (defaults: the export's)"
     return parser.parse_args(argv)
 
 
@@ -312,7 +334,7 @@ def main(argv=None):
     except ValueError as invalid:
         raise UserError(str(invalid)) from None
     app = create_app(args.export_dir, args.model_name, parameters, limits, args.int8,
-                     args.poll_seconds)  # fmt: skip
+                     args.poll_seconds, search_arguments(args))  # fmt: skip
     print(f"REST API at http://{args.host}:{args.port}/v1/models/{args.model_name}", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
 

@@ -101,8 +101,9 @@ def sentences():
     return real_sentences(40)
 
 
-def offline_text(offline, sentences, prefixes=None):
-    ids = offline.translate_ids(offline.encode(sentences), offline._prefix_ids(prefixes))
+def offline_text(offline, sentences, prefixes=None, **options):
+    ids = offline.translate_ids(offline.encode(sentences), offline._prefix_ids(prefixes),
+                                **options)  # fmt: skip
     return [offline.target.decode(best[0][0]) for best in ids], [best[0][1] for best in ids]
 
 
@@ -303,9 +304,11 @@ def test_a_new_version_is_served_while_requests_go_on_and_sigterm_finishes_them(
     assert "Serving version 2" in output
 
 
-def test_a_full_queue_answers_503_at_once(export_dir, offline, sentences):
+def test_a_full_queue_answers_503_at_once_and_search_flags_set_the_text_search(
+    export_dir, offline, sentences
+):
     server = Server(export_dir, "--max-batch-size", 1, "--max-enqueued-batches", 1,
-                    "--max-sentences-per-request", 1)  # fmt: skip
+                    "--max-sentences-per-request", 1, "--beam-size", 1)  # fmt: skip
     try:
         with ThreadPoolExecutor(12) as pool:
             answers = list(pool.map(
@@ -314,7 +317,7 @@ def test_a_full_queue_answers_503_at_once(export_dir, offline, sentences):
         server.stop()
     refused = [a for status, a in answers if status == 503]
     assert refused and all("queue is full" in a["error"] for a in refused)
-    expected, _ = offline_text(offline, sentences[:12])
+    expected, _ = offline_text(offline, sentences[:12], beam_size=1)
     for (status, answer), translation in zip(answers, expected):
         assert status == 503 or answer["predictions"][0]["translations"] == translation
 
