@@ -20,7 +20,11 @@ from pipeline.decoding.search_options import CONFIGURED_OPTIONS
 from pipeline.model_types import DEFAULT_MODEL_TYPE, MODEL_TYPES, model_keys
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "default.yaml"
+# The shipped recipes: configs/ in a checkout, seq2seq_tf/configs/ in an installed wheel (see
+# setup.py), each beside the bundled corpus that their `../data/...` paths name.
+RECIPES = next((d for d in (PROJECT_ROOT / "configs", PROJECT_ROOT / "seq2seq_tf" / "configs")
+                if d.is_dir()), PROJECT_ROOT / "configs")  # fmt: skip
+DEFAULT_CONFIG = RECIPES / "default.yaml"
 # Keras dtype policies a model may train under; its variables and exports stay float32.
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 SCHEDULE_KINDS = ("constant", "inverse_sqrt", "exponential")  # see pipeline.training.schedules
@@ -373,11 +377,19 @@ def check_formats_fit_model(formats, model_type, where):
             )
 
 
+def find_config(path):
+    """`path`, or where it names no file, the shipped recipe of that name (`--config
+    multi30k_de_en_transformer` or `configs/multi30k_de_en.yaml` from any directory)."""
+    path = Path(path)
+    recipe = RECIPES / (path.name if path.suffix else path.name + ".yaml")
+    return recipe if not path.exists() and recipe.is_file() else path
+
+
 def load_config(path=None, overrides=(), saved=False):
     """The validated configuration: defaults < the YAML file < `--set` overrides. `saved`: a
     work directory's configuration, whose model keys of other model types (an older release
     saved them all) are dropped."""
-    path = Path(path) if path else DEFAULT_CONFIG
+    path = find_config(path) if path else DEFAULT_CONFIG
     where = str(path)
     try:
         text = path.read_text(encoding="utf-8")
