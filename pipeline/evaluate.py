@@ -52,15 +52,11 @@ def translate_split(loaded, split, batch_size=None, **search):
     """
     from tqdm import tqdm
 
-    from pipeline.decoding.translation import SearchOptions, Translator
+    from pipeline.decoding.translation import Translator
 
-    config, model, source_tokenizer, target_tokenizer = loaded
-    name, corpus = _corpus(config, split)
-    options = SearchOptions.from_config(config["decode"], **search)
-    translator = Translator(
-        model, source_tokenizer, target_tokenizer, options,
-        batch_size or config["decode"]["batch_size"],
-    )  # fmt: skip
+    name, corpus = _corpus(loaded[0], split)
+    translator = Translator.from_trained(loaded, batch_size, **search)
+    options = translator.options
     with tqdm(total=len(corpus), unit="sent", file=sys.stderr, desc=f"translating {name}") as bar:
         hypotheses = translator.translate(corpus.sources, progress=bar.update)
     return name, corpus, hypotheses, options

@@ -50,6 +50,15 @@ def _check(args):
     return search_arguments(args)
 
 
+def load_translator(workdir, batch_size=None, **options):
+    """The trained model of `workdir` as a `pipeline.decoding.translation.Translator`, in
+    process: its decode configuration overridden by `options` (any search option)."""
+    from pipeline.decoding.translation import Translator
+    from pipeline.workdir import load_trained
+
+    return Translator.from_trained(load_trained(workdir), batch_size, **options)
+
+
 def alignment_line(hypothesis):
     """Pharaoh-style `source-target` pairs: each target token to its most attended source."""
     if not hypothesis.source_tokens:
@@ -66,7 +75,7 @@ def main(argv=None):
 
     from pipeline.data.text_input import read_sentences
     from pipeline.decoding.attention_plot import plot_attention
-    from pipeline.decoding.translation import SearchOptions, Translator
+    from pipeline.decoding.translation import Translator
     from pipeline.workdir import load_trained
 
     # The model first: a bad work directory is reported before anyone types on stdin.
@@ -80,11 +89,10 @@ def main(argv=None):
                 f"{args.target_prefix} has {len(prefixes)} lines but the input has "
                 f"{len(sentences)}: a prefix line per input line"
             )
-    options = SearchOptions.from_config(config["decode"], **search)
-    translator = Translator(
-        model, source_tokenizer, target_tokenizer, options,
-        args.batch_size or config["decode"]["batch_size"],
-    )  # fmt: skip
+    translator = Translator.from_trained(
+        (config, model, source_tokenizer, target_tokenizer), args.batch_size, **search
+    )
+    options = translator.options
     with tqdm(
         total=len(sentences), unit="sent", disable=args.input is None, file=sys.stderr
     ) as bar:

@@ -52,6 +52,17 @@ class Translator:
         self.batch_size = batch_size
         self._searches = {}  # SearchOptions -> its traced searches, without and with a prefix
 
+    @classmethod
+    def from_trained(cls, trained, batch_size=None, **options):
+        """A translator of `pipeline.workdir.load_trained`'s (config, model, source tokenizer,
+        target tokenizer), searching with the config's decode section overridden by
+        `options` (any search option), `batch_size` sentences at a time (default:
+        decode.batch_size)."""
+        config, model, source_tokenizer, target_tokenizer = trained
+        search = SearchOptions.from_config(config["decode"], **options)
+        batch_size = batch_size or config["decode"]["batch_size"]
+        return cls(model, source_tokenizer, target_tokenizer, search, batch_size)
+
     def _searchers(self, options):
         if options not in self._searches:
 

@@ -1,0 +1,105 @@
+"""The documentation cannot drift from the code: the site builds in MkDocs' strict mode (a
+broken link or a page outside the navigation fails), every Python block of the docs and the
+README runs on the smoke models, every configuration block validates, and every flag a
+`python -m` command line shows exists."""
+
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.config import PROJECT_ROOT, SCHEMA, load_config
+
+DOCUMENTS = sorted((PROJECT_ROOT / "docs").glob("*.md")) + [PROJECT_ROOT / "README.md"]
+FENCE = re.compile(r"^( *)```(\w*)[^\n]*\n(.*?)^\1```", re.M | re.S)
+SECTIONS = set(SCHEMA) | {"model"}
+
+
+def blocks(language):
+    """Each fenced block in `language` (indented ones, as in tabs, included), as a pytest
+    parameter named after its document and place."""
+    found = []
+    for path in DOCUMENTS:
+        for number, match in enumerate(FENCE.finditer(path.read_text(encoding="utf-8"))):
+            if match.group(2) == language:
+                text = textwrap.dedent(match.group(3))
+                found.append(pytest.param(text, id=f"{path.name}-{number}"))
+    return found
+
+
+def test_the_site_builds_in_strict_mode(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
+                             str(tmp_path / "site")], cwd=PROJECT_ROOT, capture_output=True,
+                            text=True, timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+CONFIG_BLOCKS = [b for b in blocks("yaml") if set(yaml.safe_load(b.values[0]) or {}) <= SECTIONS]
+
+
+@pytest.mark.parametrize("text", CONFIG_BLOCKS)
+def test_every_configuration_block_validates(text, tmp_path):
+    path = tmp_path / "experiment.yaml"
+    path.write_text(text, encoding="utf-8")
+    load_config(path)
+
+
+@pytest.fixture(scope="module")
+def workdirs(exported_workdir, exported_transformer_workdir, tmp_path_factory):
+    """What the docs' paths name, on the smoke models: runs/default (a trained, exported
+    recurrent model) and runs/transformer/export (a Transformer's, with CTranslate2)."""
+    ctranslate2_export = tmp_path_factory.mktemp("transformer_export")
+    subprocess.run([sys.executable, "-m", "export", "--workdir", str(exported_transformer_workdir),
+                    "--output", str(ctranslate2_export), "--formats", "ctranslate2"],
+                   cwd=PROJECT_ROOT, check=True, capture_output=True, timeout=600)  # fmt: skip
+    return {"runs/transformer/export": str(ctranslate2_export),
+            "runs/default": str(exported_workdir)}  # fmt: skip
+
+
+@pytest.mark.parametrize("text", blocks("python"))
+def test_every_python_block_runs(text, workdirs, tmp_path):
+    for named, path in workdirs.items():
+        text = text.replace(named, path)
+    script = tmp_path / "block.py"
+    script.write_text(text, encoding="utf-8")
+    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+def command_lines():
+    """Each `python -m MODULE ...` line of the bash blocks (continuation lines joined)."""
+    lines = []
+    for param in blocks("bash"):
+        text = re.sub(r"\\\n\s*|\n(?=[ \t])", " ", param.values[0])
+        for line in text.splitlines():
+            match = re.search(r"python -m ((?:pipeline|export)[\w.]*)(.*)", line)
+            if match:
+                lines.append((match.group(1), match.group(2)))
+    return lines
+
+
+def test_every_flag_of_a_command_line_exists():
+    helps, unknown = {}, []
+    for module, arguments in command_lines():
+        if module not in helps:
+            helps[module] = subprocess.run(
+                [sys.executable, "-m", module, "--help"], cwd=PROJECT_ROOT, capture_output=True,
+                text=True, timeout=300, check=True,
+            ).stdout  # fmt: skip
+        for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", arguments):
+            if not re.search(rf"{re.escape(flag)}\b(?!-)", helps[module]):
+                unknown.append(f"python -m {module} {flag}")
+    assert len(helps) >= 6, helps.keys()
+    assert not unknown, unknown
+
+
+def test_the_readme_is_short_and_links_pages_that_exist():
+    readme = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 170
+    for target in re.findall(r"\]\((docs/[^)#]+)", readme):
+        assert Path(PROJECT_ROOT, target).is_file(), target
