@@ -1,8 +1,9 @@
 """Experiment configuration: one YAML file, validated at load, overridable from the command line.
 
-Every key has a declared type, default and allowed range in `SCHEMA` (the `model` section's
-in `pipeline.model_types`, by model type). Loading refuses an unknown key, a key of another
-model type, a wrong type or an impossible value with a message naming the key and the file.
+Every key has a declared type, default, allowed range and meaning in `SCHEMA` (the `model`
+section's in `pipeline.model_types`, by model type), from which `tools/config_reference.py`
+writes docs/configuration.md. Loading refuses an unknown key, a key of another model type, a
+wrong type or an impossible value with a message naming the key and the file.
 """
 
 import copy
@@ -39,115 +40,184 @@ CTRANSLATE2_QUANTIZATIONS = (
 
 def _search_field(option):
     """A configured search option (`pipeline.decoding.search_options`) as a decode key."""
-    return Field(option.kind, option.default, option.choices, option.minimum, option.maximum,
-                 option.nullable)  # fmt: skip
+    return Field(
+        option.kind,
+        option.default,
+        option.meaning,
+        choices=option.choices,
+        minimum=option.minimum,
+        maximum=option.maximum,
+        nullable=option.nullable,
+    )
 
 
 SCHEMA = {
     "data": {
-        # Either aligned source/target files (plain or .gz) or one TSV of source<TAB>target.
-        # Training paths may be glob patterns of aligned shards (train-*.de.gz).
-        "train_source": path_field(),
-        "train_target": path_field(),
-        "train_tsv": path_field(),
-        "valid_source": path_field(),
-        "valid_target": path_field(),
-        "valid_tsv": path_field(),
-        "test_source": path_field(),
-        "test_target": path_field(),
-        "test_tsv": path_field(),
-        # Several training corpora mixed on the stream: [{source, target} or {tsv}, weight].
-        "train_corpora": Field(list, None, nullable=True),
-        "skip_bad_lines": Field(bool, False),  # else an undecodable line stops training
-        "vocab_sample_size": positive_int(1_000_000),  # sentences SentencePiece learns from
-        "source_vocabulary": path_field(),  # an existing SentencePiece model, not built here
-        "target_vocabulary": path_field(),
-        "source_vocab_size": positive_int(8000),
-        "target_vocab_size": positive_int(8000),
-        "subword_model": Field(str, "unigram", choices=("unigram", "bpe")),
-        # Subword regularisation (Kudo 2018): training pairs segmented anew at every pass, a
-        # unigram model drawing among the `subword_sampling_nbest` best segmentations (-1: all)
-        # with probabilities P^alpha, a BPE model dropping merges at rate alpha (BPE-dropout).
-        # null: always the best segmentation, as validation, test and exports always use.
-        "subword_sampling_alpha": rate(None, nullable=True),
-        "subword_sampling_nbest": Field(int, 64, minimum=-1),
-        # One SentencePiece model for both sides, trained on both (vocab/shared.model).
-        "shared_vocabulary": Field(bool, False),
-        "max_source_length": positive_int(100),
-        "max_target_length": positive_int(100),
-        # The languages' codes, stated in the ONNX export's model.json; null: from the training
-        # files' names where they end in a two-letter code (train.de.gz -> de, train.pt_BR).
-        "source_language": Field(str, None, nullable=True),
-        "target_language": Field(str, None, nullable=True),
+        "train_source": path_field("training source text, one sentence a line (plain or .gz; a "
+                                   "glob pattern: aligned shards, train-*.de.gz)"),
+        "train_target": path_field("training target text, aligned line by line with "
+                                   "train_source (plain or .gz, or a glob pattern)"),
+        "train_tsv": path_field("training pairs as source<TAB>target lines (plain or .gz, or a "
+                                "glob pattern), instead of the two files"),
+        "valid_source": path_field("validation source text (plain or .gz), for the validation "
+                                   "loss, early stopping, BLEU and attention images"),
+        "valid_target": path_field("validation target text, aligned line by line with "
+                                   "valid_source"),
+        "valid_tsv": path_field("validation pairs as source<TAB>target lines, instead of the two "
+                                "files"),
+        "test_source": path_field("test source text (plain or .gz), translated and scored when "
+                                  "training ends and by pipeline.evaluate"),
+        "test_target": path_field("test references, aligned line by line with test_source"),
+        "test_tsv": path_field("test pairs as source<TAB>target lines, instead of the two files"),
+        "train_corpora": Field(list, None, "corpora mixed by weight, instead of train_*: a list of "
+                               "{source, target} or {tsv}, each with a weight (1)",
+                               nullable=True),
+        "skip_bad_lines": Field(bool, False, "skip training lines not in UTF-8 (or, in a TSV, "
+                                "without a tab) rather than stop at the first"),
+        "vocab_sample_size": positive_int(1_000_000, "training pairs sampled at random to learn "
+                                          "a new vocabulary from"),
+        "source_vocabulary": path_field("an existing SentencePiece model as the source "
+                                        "vocabulary (null: one is built on the first run)"),
+        "target_vocabulary": path_field("an existing SentencePiece model as the target "
+                                        "vocabulary (null: one is built on the first run)"),
+        "source_vocab_size": positive_int(8000, "pieces of a source vocabulary built here (and "
+                                          "of a shared one)"),
+        "target_vocab_size": positive_int(8000, "pieces of a target vocabulary built here (equal "
+                                          "to source_vocab_size when shared)"),
+        "subword_model": Field(str, "unigram", "the SentencePiece algorithm of the vocabularies "
+                               "built here", choices=("unigram", "bpe")),
+        # Subword regularisation (Kudo 2018): a unigram model samples among the n best
+        # segmentations with probabilities P^alpha, a BPE model drops merges (BPE-dropout).
+        # Validation, test and exports always take the best segmentation.
+        "subword_sampling_alpha": rate(None, "training pairs segmented anew at each pass: unigram "
+                                       "alpha, or BPE-dropout rate (null: off)", nullable=True),
+        "subword_sampling_nbest": Field(int, 64, "unigram sampling: among this many best "
+                                        "segmentations (-1: all; 0 and 1 refused)", minimum=-1),
+        "shared_vocabulary": Field(bool, False, "one SentencePiece model for both sides, trained "
+                                   "on both (vocab/shared.model)"),
+        "max_source_length": positive_int(100, "training and validation pairs with more source "
+                                          "pieces are dropped"),
+        "max_target_length": positive_int(100, "training and validation pairs whose target needs "
+                                          "more pieces, </s> included, are dropped"),
+        "source_language": Field(str, None, "the source language's code in the ONNX export's "
+                                 "model.json (null: the training files' suffix, de in "
+                                 "train.de.gz)", nullable=True),
+        "target_language": Field(str, None, "the target language's code in the ONNX export's "
+                                 "model.json (null: the training files' suffix, en in "
+                                 "train.en.gz)", nullable=True),
     },
     # "model": the keys of the chosen model type, declared in pipeline.model_types.
     "train": {
-        "epochs": positive_int(10),
-        "steps_per_epoch": positive_int(None, nullable=True),
-        "batch_size": positive_int(64),
-        "batch_tokens": positive_int(None, nullable=True),
-        # Pairs whose longer side lengths differ by less than this share a batch: 1 wastes
-        # the least on padding; the shipped recipes keep 5, the width their figures had.
-        "bucket_width": positive_int(1),
-        "shuffle_buffer": positive_int(30000),
-        "seed": Field(int, 1234),
-        "learning_rate": Field(float, 1e-3, minimum=0.0),
-        "lr_schedule": Field(str, "constant", choices=SCHEDULE_KINDS),
-        "warmup_steps": Field(int, 0, minimum=0),
-        "decay_steps": positive_int(1000),
-        "decay_rate": Field(float, 0.5, minimum=0.0, maximum=1.0),
-        # The last N epochs take the learning rate linearly down to 0 (0: no cool-down).
-        "cooldown_epochs": Field(int, 0, minimum=0),
-        # Training time (hours, counted across resumes) the run must end within: at each epoch
-        # end, when one more epoch and the cool-down would not fit, the cool-down begins (or,
-        # without one, training stops); train.epochs stays the most (null: no budget).
-        "time_budget_hours": Field(float, None, minimum=0.0, nullable=True),
-        # Adam's decay of its squared-gradient average; Transformer recipes commonly use 0.98.
-        "adam_beta2": Field(float, 0.999, minimum=0.0, maximum=0.9999),
-        "clip_norm": Field(float, 5.0, minimum=0.0, nullable=True),
-        "label_smoothing": Field(float, 0.1, minimum=0.0, maximum=0.99),
-        "sampling_schedule": Field(
-            str, "none", choices=("none", "constant", "linear", "inverse_sigmoid")
-        ),
-        "sampling_probability": rate(0.25),
-        "sampling_decay_steps": Field(float, 1000.0, minimum=1.0),
-        "checkpoint_every_steps": positive_int(500),
-        "keep_checkpoints": positive_int(3),
-        "average_checkpoints": Field(int, 0, minimum=0),  # the last N, averaged at the end
-        "early_stopping_patience": positive_int(None, nullable=True),
-        "bleu_every_epochs": Field(int, 0, minimum=0),
-        "bleu_subset": positive_int(200),
-        "attention_images": Field(int, 3, minimum=0),  # validation sentences drawn each epoch
-        "jit_compile": Field(bool, False),
-        # Trace this many training steps (after the first 10, which trace the graph) for
-        # TensorBoard's Profile tab (pip install xprof); bench/training_profile.py reads them.
-        "profile_steps": Field(int, 0, minimum=0),
-        "precision": Field(str, "float32", choices=PRECISIONS),
+        "epochs": positive_int(10, "the most epochs to train (a time budget or early stopping "
+                                "may end sooner)"),
+        "steps_per_epoch": positive_int(None, "training steps per epoch (null: about one pass "
+                                        "over the training data)", nullable=True),
+        "batch_size": positive_int(64, "sentence pairs per batch on each replica (without "
+                                   "batch_tokens)"),
+        "batch_tokens": positive_int(None, "tokens per batch on each replica, at the bucket's "
+                                     "longest length (null: batch_size pairs)", nullable=True),
+        # 1 wastes the least on padding; the shipped recipes keep 5, the width their figures had.
+        "bucket_width": positive_int(1, "width, in pieces, of the length buckets a batch's pairs "
+                                     "share (a pair's length: its longer side)"),
+        "shuffle_buffer": positive_int(30000, "training pairs the shuffle buffer holds (at most "
+                                       "the corpus' lines)"),
+        "seed": Field(int, 1234, "seed of the initial weights, dropout, the training data's "
+                      "shuffling and mixing, and the vocabulary sample"),
+        "learning_rate": Field(float, 1e-3, "the peak learning rate of Adam's schedule (times "
+                               "the replicas with distribute.scale_learning_rate)", minimum=0.0),
+        "lr_schedule": Field(str, "constant", "decay after the warm-up: none, sqrt(warmup_steps "
+                             "/ step), or decay_rate per decay_steps", choices=SCHEDULE_KINDS),
+        "warmup_steps": Field(int, 0, "steps over which the learning rate rises linearly to its "
+                              "peak (0: no warm-up)", minimum=0),
+        "decay_steps": positive_int(1000, "exponential: steps over which the learning rate is "
+                                    "multiplied by decay_rate"),
+        "decay_rate": Field(float, 0.5, "exponential: the learning rate's factor per "
+                            "decay_steps steps", minimum=0.0, maximum=1.0),
+        "cooldown_epochs": Field(int, 0, "the last N epochs take the learning rate linearly down "
+                                 "to 0 (0: no cool-down)", minimum=0),
+        # At each epoch end, when one more epoch and the cool-down would not fit, the cool-down
+        # begins (or, without one, training stops); train.epochs stays the most.
+        "time_budget_hours": Field(float, None, "training hours (counted across resumes) the run "
+                                   "must end within, above 0 (null: no budget)", minimum=0.0,
+                                   nullable=True),
+        "adam_beta2": Field(float, 0.999, "the decay of Adam's squared-gradient average "
+                            "(Transformer recipes commonly use 0.98)", minimum=0.0,
+                            maximum=0.9999),
+        "clip_norm": Field(float, 5.0, "gradients clipped to this global norm (null or 0: no "
+                           "clipping)", minimum=0.0, nullable=True),
+        "label_smoothing": Field(float, 0.1, "epsilon of label smoothing in the training loss "
+                                 "(0: none)", minimum=0.0, maximum=0.99),
+        "sampling_schedule": Field(str, "none", "rnn: scheduled sampling (Bengio et al., 2015), "
+                                   "how teacher forcing decays (none: always teacher forcing)",
+                                   choices=("none", "constant", "linear", "inverse_sigmoid")),
+        "sampling_probability": rate(0.25, "scheduled sampling: the largest probability of an "
+                                     "input token replaced by a sampled one"),
+        "sampling_decay_steps": Field(float, 1000.0, "scheduled sampling: steps over which "
+                                      "teacher forcing decays (linear), or k (inverse_sigmoid)",
+                                      minimum=1.0),
+        "checkpoint_every_steps": positive_int(500, "a checkpoint every this many steps, and one "
+                                               "at each epoch end"),
+        "keep_checkpoints": positive_int(3, "the latest checkpoints kept, older ones deleted"),
+        "average_checkpoints": Field(int, 0, "the saved model's weights: the mean of the last N "
+                                     "checkpoints (0 or 1: the last weights)", minimum=0),
+        "early_stopping_patience": positive_int(None, "stop when the validation loss has not "
+                                                "fallen for N epochs, keep the best (null: "
+                                                "never)", nullable=True),
+        "bleu_every_epochs": Field(int, 0, "validation BLEU (val_bleu) every N epochs (0: never; "
+                                   "needs validation data)", minimum=0),
+        "bleu_subset": positive_int(200, "validation sentences translated for that BLEU, the "
+                                    "first N"),
+        "attention_images": Field(int, 3, "the first N validation sentences' attention drawn "
+                                  "each epoch for TensorBoard (0: none)", minimum=0),
+        "jit_compile": Field(bool, False, "compile the training step with XLA (Keras' "
+                             "jit_compile)"),
+        # bench/training_profile.py reads the traces.
+        "profile_steps": Field(int, 0, "training steps traced for TensorBoard's Profile tab after "
+                               "the first 10 (0: none; pip install xprof)", minimum=0),
+        "precision": Field(str, "float32", "the Keras dtype policy training runs under (the "
+                           "saved and exported model is float32)", choices=PRECISIONS),
     },
     "decode": {
-        "batch_size": positive_int(64),  # sentences searched at once
+        "batch_size": positive_int(64, "sentences searched (or scored) at once by translate, "
+                                   "evaluate, score, and training's BLEU and test"),
         # One key per configured option of pipeline.decoding.search_options, its meaning there.
         **{option.name: _search_field(option) for option in CONFIGURED_OPTIONS},
     },
     "distribute": {
-        "strategy": Field(str, "default", choices=("default", "mirrored", "multi_worker", "tpu")),
-        "cpu_replicas": positive_int(None, nullable=True),  # mirrored on a CPU: N devices
-        "scale_learning_rate": Field(bool, False),  # learning rate x number of replicas
-        "communication": Field(str, "auto", choices=("auto", "ring", "nccl")),  # multi_worker
-        "tpu_name": Field(str, None, nullable=True),  # TPUClusterResolver(tpu=...)
-        "tpu_zone": Field(str, None, nullable=True),
-        "tpu_project": Field(str, None, nullable=True),
+        "strategy": Field(str, "default", "tf.distribute strategy: one device, the local GPUs, "
+                          "TF_CONFIG's cluster, or a TPU",
+                          choices=("default", "mirrored", "multi_worker", "tpu")),
+        "cpu_replicas": positive_int(None, "mirrored: split the CPU into N devices, a replica "
+                                     "each (null: the local GPUs)", nullable=True),
+        "scale_learning_rate": Field(bool, False, "multiply train.learning_rate by the number of "
+                                     "replicas"),
+        "communication": Field(str, "auto", "multi_worker: the collective communication "
+                               "implementation", choices=("auto", "ring", "nccl")),
+        "tpu_name": Field(str, None, "tpu: the TPU's name or address for TPUClusterResolver "
+                          "(null: its default)", nullable=True),
+        "tpu_zone": Field(str, None, "tpu: the TPU's zone for TPUClusterResolver (null: its "
+                          "default)", nullable=True),
+        "tpu_project": Field(str, None, "tpu: the TPU's cloud project for TPUClusterResolver "
+                             "(null: its default)", nullable=True),
     },
     "export": {
-        "after_training": Field(bool, False),
-        "directory": path_field(),  # default: <workdir>/export
-        "formats": Field(str, ",".join(DEFAULT_EXPORT_FORMATS)),
-        "model_name": Field(str, "translator"),
-        "onnx_opset": Field(int, 17, minimum=13, maximum=18),  # tf2onnx 1.17 stops at 18
-        "onnx_int8": Field(bool, True),  # also onnx/model.int8.onnx, with int8 weights
-        "ctranslate2_quantization": Field(str, "none", choices=CTRANSLATE2_QUANTIZATIONS),
+        "after_training": Field(bool, False, "export in export.formats when training ends (needs "
+                                "the exporter installed)"),
+        "directory": path_field("where exports go (null: <workdir>/export); python -m export "
+                                "--output overrides it"),
+        "formats": Field(str, ",".join(DEFAULT_EXPORT_FORMATS), "what after_training exports: "
+                         "a comma-separated subset of saved_model, onnx, ctranslate2"),
+        "model_name": Field(str, "translator", "the TF Serving model name (saved_model/<name>/"
+                            "<version>), of letters, digits, '.', '_' and '-'"),
+        # At most 18: tf2onnx 1.17 stops there.
+        "onnx_opset": Field(int, 17, "the ONNX export's opset", minimum=13, maximum=18),
+        "onnx_int8": Field(bool, True, "also write onnx/model.int8.onnx, with int8 weights in "
+                           "every matrix product"),
+        "ctranslate2_quantization": Field(str, "none", "the CTranslate2 export's weight type "
+                                          "(none: float32)",
+                                          choices=CTRANSLATE2_QUANTIZATIONS),
     },
-}
+}  # fmt: skip
 # Data keys a resumed run may change: where the data is, not what the model learns from.
 RELOCATABLE_DATA_KEYS = (
     "train_source", "train_target", "train_tsv", "valid_source", "valid_target", "valid_tsv",
@@ -155,7 +225,14 @@ RELOCATABLE_DATA_KEYS = (
     "vocab_sample_size", "source_vocabulary", "target_vocabulary", "source_language",
     "target_language",
 )  # fmt: skip
-CORPUS_KEYS = {"source", "target", "tsv", "weight"}
+# The keys of an entry of data.train_corpora.
+CORPUS_FIELDS = {
+    "source": Field(str, None, "source text (plain or .gz, or a glob pattern of shards)"),
+    "target": Field(str, None, "target text, aligned line by line with source"),
+    "tsv": Field(str, None, "source<TAB>target lines, instead of source and target"),
+    "weight": Field(float, 1.0, "the corpus' share of the mix, relative to the others' (above 0)"),
+}
+CORPUS_KEYS = set(CORPUS_FIELDS)
 # A file name's language code: two letters, maybe a region or script, before any .gz.
 LANGUAGE_SUFFIX = re.compile(r"\.([a-z]{2}(?:[_-][A-Za-z]{2,4})?)(?:\.gz)?$")
 
@@ -252,14 +329,13 @@ def _check_corpora(corpora, where, base_dir):
         if "tsv" not in corpus and not ("source" in corpus and "target" in corpus):
             missing = "target" if "source" in corpus else "source"
             raise UserError(f"{here}: {missing} is missing")
-        entry = {
-            "weight": check_value("weight", Field(float, 1.0), corpus.get("weight", 1.0), here)
-        }
-        if entry["weight"] <= 0:
-            raise UserError(f"{here}: weight must be positive, got {entry['weight']!r}")
+        weight = check_value("weight", CORPUS_FIELDS["weight"], corpus.get("weight", 1.0), here)
+        if weight <= 0:
+            raise UserError(f"{here}: weight must be positive, got {weight!r}")
+        entry = {"weight": weight}
         for key in ("source", "target", "tsv"):
             if key in corpus:
-                entry[key] = _resolve(check_value(key, Field(str, None), corpus[key], here),
+                entry[key] = _resolve(check_value(key, CORPUS_FIELDS[key], corpus[key], here),
                                       base_dir)  # fmt: skip
         checked.append(entry)
     return checked

@@ -1,13 +1,23 @@
 """Configuration: every shipped config loads; bad keys, types and values are refused clearly."""
 
+import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from pipeline.config import PROJECT_ROOT, load_config, model_languages, parse_overrides
+from pipeline.config import (
+    CORPUS_FIELDS,
+    PROJECT_ROOT,
+    SCHEMA,
+    load_config,
+    model_languages,
+    parse_overrides,
+)
 from pipeline.core.errors import UserError
+from pipeline.model_types import MODEL_TYPES, model_keys
 
 CONFIGS = sorted((PROJECT_ROOT / "configs").glob("*.yaml"))
 
@@ -198,3 +208,77 @@ def test_command_line_reports_one_line_and_exit_status_2(tmp_path):
     assert result.stderr.strip().splitlines()[-1] == (
         f"error: {path}: unknown key 'train.epochz' (did you mean 'train.epochs'?)"
     )
+
+
+def declared_keys():
+    """(section, key, Field) of every key of every section, the model keys of every model type
+    (each once) and the keys of a data.train_corpora entry (section "train_corpora")."""
+    keys = [(section, key, field) for section, fields in SCHEMA.items()
+            for key, field in fields.items()]  # fmt: skip
+    model = {key: field for name in MODEL_TYPES for key, field in model_keys(name).items()}
+    keys += [("model", key, field) for key, field in model.items()]
+    keys += [("train_corpora", key, field) for key, field in CORPUS_FIELDS.items()]
+    return keys
+
+
+def test_every_key_has_a_one_line_meaning():
+    """What docs/configuration.md says of each key: one line, lowercase, no final period."""
+    wrong = [
+        f"{section}.{key}: {field.meaning!r}"
+        for section, key, field in declared_keys()
+        if not field.meaning.strip()
+        or "\n" in field.meaning
+        or len(field.meaning) > 120
+        or field.meaning.endswith(".")
+        or field.meaning[0].isupper()
+    ]
+    assert not wrong, wrong
+
+
+def config_reference():
+    """tools/config_reference.py as a module."""
+    path = PROJECT_ROOT / "tools" / "config_reference.py"
+    spec = importlib.util.spec_from_file_location("config_reference", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_configuration_reference_is_up_to_date():
+    page = (PROJECT_ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert page == config_reference().page(), (
+        "docs/configuration.md differs from the declarations: run "
+        "python tools/config_reference.py --write"
+    )
+
+
+def test_the_configuration_reference_lists_every_key_in_its_section():
+    page = (PROJECT_ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    parts = dict(re.findall(r"^#+ ([^\n]+)\n(.*?)(?=^#|\Z)", page, re.M | re.S))
+    assert [name for name in parts if name.isidentifier()] == [
+        "data", "model", "train", "decode", "distribute", "export"
+    ]  # fmt: skip
+    rows = {name: re.findall(r"^\| `(\w+)` \|", text, re.M) for name, text in parts.items()}
+    rows["model"] = rows.pop("Every model type")
+    for name, model_type in MODEL_TYPES.items():
+        assert rows.pop(f"`type: {name}`") == list(model_type.keys)
+        rows["model"] += list(model_type.keys)
+    rows["train_corpora"] = re.findall(r"^- `(\w+)`: ", parts["data"], re.M)
+    declared = {}
+    for section, key, _ in declared_keys():
+        declared.setdefault(section, []).append(key)
+    assert {name: keys for name, keys in rows.items() if keys} == declared
+
+
+def test_the_configuration_reference_checks_and_writes_the_page(tmp_path, monkeypatch, capsys):
+    reference = config_reference()
+    monkeypatch.setattr(reference, "PAGE", tmp_path / "docs" / "configuration.md")
+    assert reference.main(["--check"]) == 1  # no page yet
+    assert capsys.readouterr().err == (
+        "docs/configuration.md is out of date: run python tools/config_reference.py --write\n"
+    )
+    assert reference.main(["--write"]) == 0
+    assert reference.PAGE.read_text(encoding="utf-8") == reference.page()
+    assert reference.main(["--check"]) == 0
+    reference.PAGE.write_text(reference.page().replace("| `epochs` |", "| `epoch` |"))
+    assert reference.main(["--check"]) == 1

@@ -60,7 +60,8 @@ def test_a_new_model_type_is_one_registration(monkeypatch):
         if config["model"]["width"] % 2:
             raise UserError(f"{where}: model.width must be even")
 
-    toy = ModelType("toy", {"width": positive_int(8)}, check, build=None, attends=bool)
+    keys = {"width": positive_int(8, "the toy's width")}
+    toy = ModelType("toy", keys, check, build=None, attends=bool)
     monkeypatch.setitem(MODEL_TYPES, "toy", toy)
     config = load_config(CONFIGS / "smoke.yaml", ["model.type=toy", "model.width=4"])
     assert config["model"] == {**defaults("toy")["model"], "width": 4, "dropout": 0.0}

@@ -9,25 +9,34 @@ from pipeline.core.errors import UserError
 
 @dataclasses.dataclass(frozen=True)
 class Field:
+    """A key's type, default and allowed values, and its `meaning`: one line saying what the
+    key does (lowercase start, no final period), shown in docs/configuration.md, which
+    `tools/config_reference.py` generates from the declarations."""
+
     kind: type
     default: Any
+    meaning: str
     choices: tuple = ()
     minimum: float | None = None
     maximum: float | None = None
     nullable: bool = False
     path: bool = False  # resolved against the directory of the config file
 
-
-def path_field(default=None):
-    return Field(str, default, nullable=True, path=True)
-
-
-def positive_int(default, nullable=False):
-    return Field(int, default, minimum=1, nullable=nullable)
+    def __post_init__(self):
+        if not self.meaning.strip() or "\n" in self.meaning:
+            raise ValueError(f"a configuration key needs a one-line meaning, got {self.meaning!r}")
 
 
-def rate(default, nullable=False):
-    return Field(float, default, minimum=0.0, maximum=1.0, nullable=nullable)
+def path_field(meaning, default=None):
+    return Field(str, default, meaning, nullable=True, path=True)
+
+
+def positive_int(default, meaning, nullable=False):
+    return Field(int, default, meaning, minimum=1, nullable=nullable)
+
+
+def rate(default, meaning, nullable=False):
+    return Field(float, default, meaning, minimum=0.0, maximum=1.0, nullable=nullable)
 
 
 def check_value(name, field, value, where):

@@ -75,8 +75,8 @@ SEARCH_OPTIONS = (
                  "max_length_offset", minimum=0, exported=True),
     SearchOption("max_length_ratio", float, 1.5, "a translation's length limit per source "
                  "token", minimum=0.0, configured=True),
-    SearchOption("max_length_offset", int, 10, "... plus this many tokens", minimum=0,
-                 configured=True),
+    SearchOption("max_length_offset", int, 10, "tokens added to max_length_ratio x the "
+                 "source length, a translation's length limit", minimum=0, configured=True),
     SearchOption("max_length_cap", int, 250, "no translation is ever longer, whatever is "
                  "asked", minimum=1, configured=True),
     SearchOption("max_source_length", int, 250, "longer inputs are cut to this many pieces, "

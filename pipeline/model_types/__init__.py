@@ -10,11 +10,12 @@ from pipeline.model_types.transformer import TRANSFORMER
 
 MODEL_TYPES = {model_type.name: model_type for model_type in (RECURRENT, TRANSFORMER)}
 DEFAULT_MODEL_TYPE = RECURRENT.name
+TYPE_MEANING = "the architecture, which decides the other model keys: rnn (recurrent), transformer"
 
 __all__ = ["COMMON_KEYS", "DEFAULT_MODEL_TYPE", "MODEL_TYPES", "ModelType", "model_keys"]
 
 
 def model_keys(name):
     """{key: Field} of the `model` section of a model of type `name`, `type` included."""
-    return {"type": Field(str, name, choices=tuple(MODEL_TYPES)), **COMMON_KEYS,
+    return {"type": Field(str, name, TYPE_MEANING, choices=tuple(MODEL_TYPES)), **COMMON_KEYS,
             **MODEL_TYPES[name].keys}  # fmt: skip

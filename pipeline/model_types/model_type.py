@@ -8,12 +8,13 @@ from pipeline.core.fields import Field, positive_int, rate
 
 # The `model` keys of every type, besides `type` itself.
 COMMON_KEYS = {
-    "encoder_layers": positive_int(1),
-    "decoder_layers": positive_int(1),
-    "dropout": rate(0.2),
-    # One embedding matrix for both sides (a Transformer's tied output projection too).
-    "share_embeddings": Field(bool, False),
-}
+    "encoder_layers": positive_int(1, "stacked encoder layers"),
+    "decoder_layers": positive_int(1, "stacked decoder layers"),
+    "dropout": rate(0.2, "dropout rate: rnn on layer inputs, encoder outputs and readout; "
+                    "transformer on embeddings and sublayer outputs"),
+    "share_embeddings": Field(bool, False, "one embedding matrix for both sides (a Transformer's "
+                              "tied output projection too); needs data.shared_vocabulary"),
+}  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)

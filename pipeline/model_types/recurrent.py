@@ -10,31 +10,42 @@ ATTENTIONS = (
 )  # fmt: skip
 
 KEYS = {
-    "cell_type": Field(str, "lstm", choices=("lstm", "gru", "simple_rnn")),
-    "embedding_dim": positive_int(256),
-    "encoder_units": positive_int(256),
-    "bidirectional": Field(bool, True),
-    "merge_mode": Field(str, "concat", choices=("concat", "sum")),  # of the two directions
-    "reverse_source": Field(bool, False),  # Sutskever et al.'s reversed source
-    "residual": Field(bool, False),  # residual connections between stacked layers
-    "decoder_units": positive_int(512),
-    "attention": Field(str, "bahdanau", choices=ATTENTIONS),
-    "attention_units": positive_int(256),  # the score's hidden size (bahdanau, luong_concat)
-    "attention_heads": positive_int(4),  # multi_head
-    "attention_normalize": Field(bool, False),  # bahdanau: weight-normalised v (Luong's 2017)
-    # luong_dot and luong_general: a learned gain on the scaled score, so that the attention
-    # can sharpen without its score growing unbounded (see docs)
-    "attention_scale": Field(bool, True),
-    # scaled_dot and multi_head: queries and keys normalised before their product, which keeps
-    # early attention from saturating
-    "attention_qk_norm": Field(bool, True),
-    # multi_head: mix learned projections of the memory, or (false) slices of the memory
-    # itself, which trained as well with fewer weights
-    "attention_project_values": Field(bool, False),
-    "input_feeding": Field(bool, False),  # Luong et al.'s attentional vector fed to the next step
-    "attention_vector_size": positive_int(None, nullable=True),  # null: decoder_units
-    "bridge": Field(str, "dense", choices=("dense", "copy", "zero")),  # encoder -> decoder state
-}
+    "cell_type": Field(str, "lstm", "the recurrent cell of the encoder and decoder layers",
+                       choices=("lstm", "gru", "simple_rnn")),
+    "embedding_dim": positive_int(256, "size of the source and target token embeddings"),
+    "encoder_units": positive_int(256, "units of each encoder layer, per direction"),
+    "bidirectional": Field(bool, True, "run every encoder layer in both directions"),
+    "merge_mode": Field(str, "concat", "how a bidirectional encoder combines its two directions' "
+                        "outputs and states", choices=("concat", "sum")),
+    "reverse_source": Field(bool, False, "feed the encoder the source reversed (Sutskever et al., "
+                            "2014); its outputs stay in source order"),
+    "residual": Field(bool, False, "residual connections: each stacked layer's input added to "
+                      "its output, from the second layer on"),
+    "decoder_units": positive_int(512, "units of each decoder layer"),
+    "attention": Field(str, "bahdanau", "the decoder's attention over the encoder's outputs "
+                       "(none: the source reaches it via its initial state only)",
+                       choices=ATTENTIONS),
+    "attention_units": positive_int(256, "attention size: bahdanau's and luong_concat's score "
+                                    "layer, scaled_dot's projections, multi_head's (all heads)"),
+    "attention_heads": positive_int(4, "multi_head: the number of attention heads"),
+    "attention_normalize": Field(bool, False, "bahdanau: the weight-normalised score, v scaled "
+                                 "to a learned norm (Salimans & Kingma, 2016)"),
+    # So that the attention can sharpen without its score growing unbounded (see docs).
+    "attention_scale": Field(bool, True, "luong_dot and luong_general: multiply the scaled score "
+                             "by a learned scalar, initialised to 1"),
+    # It keeps early attention from saturating.
+    "attention_qk_norm": Field(bool, True, "scaled_dot and multi_head: layer-normalise the "
+                               "projected queries and keys before their product"),
+    # false (slices of the memory itself) trained as well with fewer weights.
+    "attention_project_values": Field(bool, False, "multi_head: mix learned projections of the "
+                                      "encoder's outputs (false: equal slices, one per head)"),
+    "input_feeding": Field(bool, False, "feed Luong et al.'s attentional vector into the next "
+                           "decoder step (needs an attention)"),
+    "attention_vector_size": positive_int(None, "size of the attentional vector tanh(W [context; "
+                                          "state]) (null: decoder_units)", nullable=True),
+    "bridge": Field(str, "dense", "how the encoder's final states start the decoder: through a "
+                    "tanh layer, copied (same shapes) or zeros", choices=("dense", "copy", "zero")),
+}  # fmt: skip
 
 
 def memory_dim(model):

@@ -5,18 +5,23 @@ from pipeline.core.fields import Field, positive_int, rate
 from pipeline.model_types.model_type import ModelType
 
 KEYS = {
-    "model_dim": positive_int(512),
-    "num_heads": positive_int(8),
-    "ffn_dim": positive_int(2048),  # the feed-forward networks' hidden size
-    "positions": Field(str, "sinusoidal", choices=("sinusoidal", "learned")),
-    "max_positions": positive_int(512),  # learned positions only
-    "tie_embeddings": Field(bool, True),  # output projection = target embedding^T
-    "normalize_first": Field(bool, True),  # pre-norm layers
-    # The rates on the self-attention weights and on the decoder's feed-forward hidden
-    # activations (null: dropout's); fairseq's defaults are 0.
-    "attention_dropout": rate(None, nullable=True),
-    "ffn_dropout": rate(None, nullable=True),
-}
+    "model_dim": positive_int(512, "size of the embeddings and of every layer's output"),
+    "num_heads": positive_int(8, "heads of every attention layer (model_dim must divide by it)"),
+    "ffn_dim": positive_int(2048, "hidden size of the position-wise feed-forward networks"),
+    "positions": Field(str, "sinusoidal", "position encodings: fixed sinusoids or learned "
+                       "embeddings", choices=("sinusoidal", "learned")),
+    "max_positions": positive_int(512, "learned positions: the longest sequence they cover (at "
+                                  "least the data and decode length limits)"),
+    "tie_embeddings": Field(bool, True, "the output projection is the transposed target "
+                            "embedding"),
+    "normalize_first": Field(bool, True, "pre-norm layers (each sublayer's input normalised, "
+                             "and each stack's output); false: post-norm"),
+    # fairseq's defaults for these two are 0.
+    "attention_dropout": rate(None, "dropout rate on the self-attention weights (null: "
+                              "model.dropout's)", nullable=True),
+    "ffn_dropout": rate(None, "dropout rate on the decoder's feed-forward hidden activations "
+                        "(null: model.dropout's)", nullable=True),
+}  # fmt: skip
 
 
 def check(config, where):
