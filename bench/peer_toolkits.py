@@ -831,18 +831,29 @@ class OnnxSystem:
         return self.translators[batch_size].translate(sentences, beam_size=beam_size)
 
 
-def inference(root, family, sentences_count, rounds, threads):
+def inference(root, family, sentences_count, rounds, threads, toolkits=None):
     """Each system translates the same test sentences at batch 1 and 64, greedy and beam 5,
-    the systems taking turns in each round; sentences/s (median of the rounds) and BLEU."""
+    the systems taking turns in each round; sentences/s (median of the rounds) and BLEU.
+    `toolkits` (default: all) limits the systems to those toolkits' models; rows measured
+    before for other systems are kept."""
     os.sched_setaffinity(0, range(threads))
-    ct2 = ctranslate2_models(family, root)
+    ct2 = {toolkit: path for toolkit, path in ctranslate2_models(family, root).items()
+           if toolkits is None or toolkit in toolkits}  # fmt: skip
     models = vocabulary_models(family, root)
     systems = {
-        "ours, ONNX Runtime float32": OnnxSystem(ct2["ours"].parent / "onnx", False, threads),
-        "ours, ONNX Runtime int8": OnnxSystem(ct2["ours"].parent / "onnx", True, threads),
-        **{f"{toolkit}, CTranslate2 {kind}": CTranslate2System(path, models, kind, threads)
-           for toolkit, path in ct2.items() for kind in ("float32", "int8")},
+        f"{toolkit}, CTranslate2 {kind}": CTranslate2System(path, models, kind, threads)
+        for toolkit, path in ct2.items() for kind in ("float32", "int8")
     }  # fmt: skip
+    if "ours" in ct2:
+        onnx = ct2["ours"].parent / "onnx"
+        systems = {
+            "ours, ONNX Runtime float32": OnnxSystem(onnx, False, threads),
+            "ours, ONNX Runtime int8": OnnxSystem(onnx, True, threads),
+            **systems,
+        }
+    keys = ["inference", family.name, f"{threads} threads"]
+    kept = [row for row in load_results(root).get("inference", {}).get(family.name, {})
+            .get(f"{threads} threads", []) if row["system"] not in systems]  # fmt: skip
     paths = data_paths(root)["test"]
     sources = paths[SOURCE].read_text(encoding="utf-8").splitlines()[:sentences_count]
     references = paths[TARGET].read_text(encoding="utf-8").splitlines()[:sentences_count]
@@ -865,7 +876,7 @@ def inference(root, family, sentences_count, rounds, threads):
                      "words_per_translation": words[name, batch, beam]}
                     for (name, batch, beam), rate in rates.items() if rate
                 ]  # fmt: skip
-                save_result(root, ["inference", family.name, f"{threads} threads"], rows)
+                save_result(root, keys, kept + rows)
 
 
 # --- report --------------------------------------------------------------------------------
@@ -938,6 +949,8 @@ def main(argv=None):
     inference_parser.add_argument("--sentences", type=int, default=1000)
     inference_parser.add_argument("--rounds", type=int, default=2)
     inference_parser.add_argument("--threads", type=int, default=2)
+    inference_parser.add_argument("--toolkits", nargs="+", choices=QUALITY_TOOLKITS,
+                                  help="only their models (default: all trained)")  # fmt: skip
     sub.add_parser("report", help="print the tables of results.json")
     args = parser.parse_args(argv)
     root = args.root.resolve()
@@ -957,7 +970,9 @@ def main(argv=None):
                 args.toolkits)  # fmt: skip
         report(root)
     elif args.command == "inference":
-        inference(root, FAMILIES[args.family], args.sentences, args.rounds, args.threads)
+        inference(
+            root, FAMILIES[args.family], args.sentences, args.rounds, args.threads, args.toolkits
+        )
         report(root)
     elif args.command == "report":
         report(root)
