@@ -17,6 +17,7 @@ def optimise_loops(graph):
     return {
         "hoisted": hoist_loop_invariants(graph),
         "selects": selects_as_where(graph),
+        "folded_transposes": fold_constant_transposes(graph),
         "projected": project_embeddings(graph),
         "moved_initializers": move_initializers_into_loops(graph),
     }
@@ -110,6 +111,33 @@ def hoist_loop_invariants(graph):
             )
             hoisted += sum(invariant)
     return hoisted
+
+
+def fold_constant_transposes(graph):
+    """Replaces each `Transpose` of a constant by the transposed constant, an initializer of
+    the transpose's own graph; returns how many.
+
+    A Transformer whose output projection is its tied target embedding multiplies by the
+    embedding's transpose, which tf2onnx computes inside the search loop: at every step, and
+    as a product whose weights are no initializer, which ONNX Runtime neither pre-packs nor
+    quantises (`quantize_dynamic` leaves it float).
+    """
+    folded = 0
+    for scopes in list(_scopes(graph)):
+        inner, constants = scopes[-1], _constants(scopes)
+        removed = []
+        for k, node in enumerate(inner.node):
+            value = constants.get(node.input[0]) if node.op_type == "Transpose" else None
+            if value is None or value.data_type != onnx.TensorProto.FLOAT:
+                continue
+            permutation = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+            array = np.transpose(numpy_helper.to_array(value), permutation)
+            inner.initializer.append(numpy_helper.from_array(array, node.output[0]))
+            removed.append(k)
+        _delete(inner.node, removed)
+        folded += len(removed)
+    _drop_unread_initializers(graph)
+    return folded
 
 
 def _reads(outputs, nodes):

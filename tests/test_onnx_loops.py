@@ -1,14 +1,16 @@
 """The ONNX export's graph rewrites, on hand-built graphs: values a loop passes on unchanged
 are hoisted out of it, tf2onnx's arithmetic selects become Where, a token lookup followed by a
-product with constant weights becomes a lookup in their product, and weights only a loop reads
-move into the loop."""
+product with constant weights becomes a lookup in their product, a transposed constant becomes
+a constant, and weights only a loop reads move into the loop."""
 
 import numpy as np
 import onnx
 import onnxruntime
 from onnx import TensorProto, helper
 
+from export.onnx_model import write_int8
 from export.onnx_rewrites import (
+    fold_constant_transposes,
     hoist_loop_invariants,
     move_initializers_into_loops,
     project_embeddings,
@@ -264,3 +266,66 @@ def test_a_lookup_read_elsewhere_or_a_table_too_large_stays_a_product():
     large = embedding_step_loop(vocab=7, width=4)
     assert project_embeddings(large.graph, max_table_bytes=7 * 4 * 4 - 1) == 0
     assert project_embeddings(large.graph, max_table_bytes=7 * 4 * 4) == 1
+
+
+def tied_projection_loop(vocab=9, dim=4):
+    """A loop that projects its state on the transpose of an outer embedding table at each
+    step, as a Transformer with tied embeddings does, and sums the logits."""
+    rng = np.random.default_rng(5)
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("Transpose", ["embeddings"], ["projection"], perm=[1, 0]),
+            helper.make_node("MatMul", ["state", "projection"], ["logits"]),
+            helper.make_node("Add", ["total_in", "logits"], ["total_out"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("total_in", TensorProto.FLOAT, [None, vocab]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("total_out", TensorProto.FLOAT, [None, vocab]),
+        ],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["trips", "", "start"], ["total"], body=body)],
+        "tied",
+        [
+            helper.make_tensor_value_info("trips", TensorProto.INT64, []),
+            helper.make_tensor_value_info("state", TensorProto.FLOAT, [None, dim]),
+            helper.make_tensor_value_info("start", TensorProto.FLOAT, [None, vocab]),
+        ],
+        [helper.make_tensor_value_info("total", TensorProto.FLOAT, [None, vocab])],
+        initializer=[
+            onnx.numpy_helper.from_array(
+                rng.normal(size=(vocab, dim)).astype(np.float32), "embeddings"
+            )
+        ],  # fmt: skip
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_transposed_constant_becomes_a_constant_that_int8_quantises(tmp_path):
+    model = tied_projection_loop()
+    feed = {"trips": np.array(3, np.int64), "state": np.ones((2, 4), np.float32),
+            "start": np.zeros((2, 9), np.float32)}  # fmt: skip
+    before = session(model).run(None, feed)[0]
+    embeddings = onnx.numpy_helper.to_array(model.graph.initializer[0])
+    assert fold_constant_transposes(model.graph) == 1
+    onnx.checker.check_model(model, full_check=True)
+    body = model.graph.node[0].attribute[0].g
+    assert [node.op_type for node in body.node] == ["Identity", "MatMul", "Add"]
+    (projection,) = body.initializer  # in the loop's own graph; the table, read by none, gone
+    assert projection.name == "projection" and not model.graph.initializer
+    np.testing.assert_array_equal(onnx.numpy_helper.to_array(projection), embeddings.T)
+    np.testing.assert_array_equal(session(model).run(None, feed)[0], before)
+    assert fold_constant_transposes(model.graph) == 0
+    # Now a weight of its own graph, the product is quantised with the others.
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    write_int8(tmp_path / "model.onnx", tmp_path / "model.int8.onnx")
+    quantised = onnx.load(str(tmp_path / "model.int8.onnx")).graph
+    (loop,) = [node for node in quantised.node if node.op_type == "Loop"]
+    assert "MatMulInteger" in [node.op_type for node in loop.attribute[0].g.node]
