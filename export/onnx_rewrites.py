@@ -19,6 +19,8 @@ def optimise_loops(graph):
         "selects": selects_as_where(graph),
         "folded_transposes": fold_constant_transposes(graph),
         "projected": project_embeddings(graph),
+        "layer_norms": fuse_layer_norms(graph),
+        "hoisted_nodes": hoist_invariant_nodes(graph),
         "moved_initializers": move_initializers_into_loops(graph),
     }
 
@@ -130,7 +132,7 @@ def fold_constant_transposes(graph):
             value = constants.get(node.input[0]) if node.op_type == "Transpose" else None
             if value is None or value.data_type != onnx.TensorProto.FLOAT:
                 continue
-            permutation = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+            permutation = _attribute(node, "perm")
             array = np.transpose(numpy_helper.to_array(value), permutation)
             inner.initializer.append(numpy_helper.from_array(array, node.output[0]))
             removed.append(k)
@@ -189,19 +191,235 @@ def selects_as_where(graph):
         if not replacements:
             continue
         nodes = [replacements.get(id(node), node) for node in inner.node]
-        while True:  # drop the pattern's nodes nothing reads any more (some may be shared)
-            reads = _reads(inner.output, nodes)
-            kept = [
-                node
-                for node in nodes
-                if id(node) not in pattern or any(reads[name] for name in node.output)
-            ]
-            if len(kept) == len(nodes):
-                break
-            nodes = kept
-        _replace(inner.node, nodes)
+        # The pattern's nodes may be shared: those nothing reads any more go.
+        _replace(inner.node, _without_unread(nodes, inner.output, pattern))
         rewritten += len(replacements)
     return rewritten
+
+
+def _attribute(node, name, default=None):
+    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
+
+
+def _constant_array(constants, producer, name):
+    """The value of `name` if it is an initializer in scope or a `Constant` node's output."""
+    if name in constants:
+        return numpy_helper.to_array(constants[name])
+    node = producer.get(name)
+    if node is not None and node.op_type == "Constant" and node.attribute[0].name == "value":
+        return numpy_helper.to_array(node.attribute[0].t)
+    return None
+
+
+def fuse_layer_norms(graph):
+    """Rewrites the layer normalisation tf2onnx writes for Keras' `LayerNormalization` (13
+    nodes: the moments, then `x * (gamma / sqrt(var + eps)) + (beta - mean * gamma / ...)`)
+    as one ONNX `LayerNormalization` over the last axis; returns how many.
+
+    A Transformer's decoder step has a dozen of them: in the search loop, their small nodes'
+    dispatch costs more than their arithmetic.
+    """
+    fused = 0
+    for scopes in list(_scopes(graph)):
+        inner, constants = scopes[-1], _constants(scopes)
+        nodes = list(inner.node)
+        producer = {output: node for node in nodes for output in node.output}
+        reads = _reads(inner.output, nodes)
+        readers = collections.defaultdict(list)
+        for node in nodes:
+            for name in node.input:
+                readers[name].append(node)
+        replacements, removed = {}, set()
+        for mean in (node for node in nodes if node.op_type == "ReduceMean"):
+            match = _layer_norm(inner, mean, readers, reads, producer, constants)
+            if match is None:
+                continue
+            pattern, (x, gamma, beta, axis, epsilon) = match
+            last = pattern[-1]
+            replacements[id(last)] = helper.make_node(
+                "LayerNormalization", [x, gamma, beta], list(last.output), name=last.name,
+                axis=axis, epsilon=epsilon,
+            )  # fmt: skip
+            removed.update(id(node) for node in pattern[:-1])
+        if not replacements:
+            continue
+        kept = [replacements.get(id(node), node) for node in nodes if id(node) not in removed]
+        reshapes = {id(node) for node in kept if node.op_type == "Reshape"}  # of gamma and beta
+        _replace(inner.node, _without_unread(kept, inner.output, reshapes))
+        fused += len(replacements)
+    _drop_unread_initializers(graph)
+    return fused
+
+
+def _without_unread(nodes, outputs, removable):
+    """`nodes` less those whose `id` is in `removable` and whose outputs nothing reads (nor
+    `outputs`), repeatedly."""
+    while True:
+        reads = _reads(outputs, nodes)
+        kept = [
+            node for node in nodes
+            if id(node) not in removable or any(reads[name] for name in node.output)
+        ]  # fmt: skip
+        if len(kept) == len(nodes):
+            return kept
+        nodes = kept
+
+
+def _layer_norm(graph, mean, readers, reads, producer, constants):
+    """The nodes of a layer normalisation starting at `mean` (the last one writes its output)
+    and its (x, gamma, beta, axis, epsilon), or None."""
+
+    def only(name, op_type, count=1):
+        found = [node for node in readers[name] if node.op_type == op_type]
+        return found if reads[name] == count and len(found) == count else None
+
+    def other_input(node, name):
+        others = [i for i in node.input if i != name]
+        return others[0] if len(others) == 1 else None
+
+    axes, x = _attribute(mean, "axes"), mean.input[0]
+    if axes is None or len(axes) != 1 or _attribute(mean, "keepdims", 1) != 1:
+        return None
+    users = {node.op_type: node for node in readers[mean.output[0]]}
+    if reads[mean.output[0]] != 2 or set(users) != {"Neg", "Sub"}:
+        return None
+    negation, centred = users["Neg"], users["Sub"]
+    if list(centred.input) != [x, mean.output[0]]:
+        return None
+    square = only(centred.output[0], "Mul", count=2)  # one node, reading it twice
+    if square is None or square[0] is not square[1]:
+        return None
+    variance = only(square[0].output[0], "ReduceMean")
+    if variance is None or _attribute(variance[0], "axes") != axes:
+        return None
+    chain, name = [], variance[0].output[0]
+    for op_type in ("Add", "Sqrt", "Reciprocal", "Mul"):
+        step = only(name, op_type)
+        if step is None:
+            return None
+        chain.append(step[0])
+        name = step[0].output[0]
+    plus_epsilon, _, _, scaled = chain
+    epsilon = _constant_array(constants, producer, other_input(plus_epsilon, variance[0].output[0]))
+    gamma = other_input(scaled, chain[2].output[0])
+    scaling = only(scaled.output[0], "Mul", count=2)
+    if epsilon is None or epsilon.size != 1 or gamma is None or scaling is None:
+        return None
+    by_input = {other_input(node, scaled.output[0]): node for node in scaling}
+    if set(by_input) != {x, negation.output[0]}:
+        return None
+    x_scaled, mean_scaled = by_input[x], by_input[negation.output[0]]
+    shift = only(mean_scaled.output[0], "Add")
+    total = only(x_scaled.output[0], "Add")
+    if shift is None or total is None:
+        return None
+    (shift,), (total,) = shift, total
+    beta = other_input(shift, mean_scaled.output[0])
+    if beta is None or set(total.input) != {x_scaled.output[0], shift.output[0]}:
+        return None
+    (axis,) = axes
+    weights = [_vector(name, axis, producer, constants, graph) for name in (gamma, beta)]
+    if None in weights:
+        return None
+    pattern = [mean, negation, centred, square[0], variance[0], *chain, *scaling, shift, total]
+    return pattern, (x, *weights, axis, float(epsilon.reshape(())))
+
+
+def _vector(name, axis, producer, constants, graph):
+    """The 1-D vector that `name` broadcasts along `axis`, the last of its rank (Keras
+    reshapes gamma and beta to `[1, ..., 1, size]`): its name (a constant's is a new
+    initializer of `graph`), or None."""
+    reshape = producer.get(name)
+    if reshape is not None and reshape.op_type == "Reshape":
+        shape = _constant_array(constants, producer, reshape.input[1])
+        if (
+            shape is not None
+            and shape.ndim == 1
+            and axis in (-1, shape.size - 1)
+            and all(size == 1 for size in shape[:-1])
+        ):
+            return reshape.input[0]
+        return None
+    array = _constant_array(constants, producer, name)
+    if (
+        array is None
+        or array.ndim < 1
+        or axis not in (-1, array.ndim - 1)
+        or any(size != 1 for size in array.shape[:-1])
+    ):
+        return None
+    vector = f"{name}/vector"
+    if vector not in constants:
+        graph.initializer.append(numpy_helper.from_array(array.reshape(-1), vector))
+        constants[vector] = graph.initializer[-1]
+    return vector
+
+
+# Ops whose output depends on their inputs alone, which may run before a loop instead of in it.
+_PURE_OPS = frozenset({
+    "Add", "Cast", "Concat", "ConstantOfShape", "Div", "Equal", "Expand", "Gather",
+    "Greater", "Identity", "Less", "Max", "Min", "Mul", "Neg", "Not", "Range", "Reshape",
+    "Shape", "Size", "Slice", "Squeeze", "Sub", "Tile", "Transpose", "Unsqueeze", "Where",
+})  # fmt: skip
+# An initializer a hoisted node reads moves with it up to this size; a larger one (a weight)
+# keeps its node in the loop, where ONNX Runtime pre-packs it.
+_MAX_HOISTED_INITIALIZER_ELEMENTS = 64
+
+
+def hoist_invariant_nodes(graph):
+    """Moves each node of a `Loop`'s body that reads nothing the iterations change (the
+    body's inputs, or what is computed from them) out of the loop, just before it; returns
+    how many.
+
+    tf2onnx computes in the loop the shapes and masks derived from the encoded source (and
+    reshapes of the weights): the same values at every step. Innermost loops go first, so a
+    node can leave several loops. Nodes that write the body's outputs stay, as does every
+    node of an op type not known to be pure.
+    """
+    hoisted = 0
+    while True:
+        moved = _hoist_one_loop(graph)
+        if not moved:
+            return hoisted
+        hoisted += moved
+
+
+def _hoist_one_loop(graph):
+    """Hoists the invariant nodes of the innermost loop that has some; how many (0: none)."""
+    for scopes in reversed(list(_scopes(graph))):
+        owner = scopes[-1]
+        for position, loop in enumerate(owner.node):
+            if loop.op_type != "Loop":
+                continue
+            body = loop.attribute[0].g
+            local = {i.name: i for i in body.initializer}
+            changing = {value.name for value in body.input}
+            outputs = {value.name for value in body.output}
+            hoisting, staying = [], []
+            for node in body.node:
+                reads_local = [local[name] for name in node.input if name in local]
+                if (
+                    node.op_type in _PURE_OPS
+                    and not changing.intersection(node.input)
+                    and not outputs.intersection(node.output)
+                    and all(
+                        np.prod(i.dims) <= _MAX_HOISTED_INITIALIZER_ELEMENTS for i in reads_local
+                    )
+                ):
+                    hoisting.append(node)
+                else:
+                    changing.update(node.output)
+                    staying.append(node)
+            if not hoisting:
+                continue
+            hoisting = [type(node).FromString(node.SerializeToString()) for node in hoisting]
+            read_outside = {name for node in hoisting for name in node.input}
+            owner.initializer.extend(i for name, i in local.items() if name in read_outside)
+            _replace(body.initializer, [i for n, i in local.items() if n not in read_outside])
+            _replace(body.node, staying)
+            _replace(owner.node, [*owner.node[:position], *hoisting, *owner.node[position:]])
+            return len(hoisting)
+    return 0
 
 
 def move_initializers_into_loops(graph):

@@ -1,16 +1,21 @@
 """The ONNX export's graph rewrites, on hand-built graphs: values a loop passes on unchanged
 are hoisted out of it, tf2onnx's arithmetic selects become Where, a token lookup followed by a
 product with constant weights becomes a lookup in their product, a transposed constant becomes
-a constant, and weights only a loop reads move into the loop."""
+a constant, Keras' layer normalisation becomes one LayerNormalization node, the nodes of a loop
+that compute the same value at every iteration run before it, and weights only a loop reads move
+into the loop."""
 
 import numpy as np
 import onnx
 import onnxruntime
+import pytest
 from onnx import TensorProto, helper
 
 from export.onnx_model import write_int8
 from export.onnx_rewrites import (
     fold_constant_transposes,
+    fuse_layer_norms,
+    hoist_invariant_nodes,
     hoist_loop_invariants,
     move_initializers_into_loops,
     project_embeddings,
@@ -329,3 +334,152 @@ def test_a_transposed_constant_becomes_a_constant_that_int8_quantises(tmp_path):
     quantised = onnx.load(str(tmp_path / "model.int8.onnx")).graph
     (loop,) = [node for node in quantised.node if node.op_type == "Loop"]
     assert "MatMulInteger" in [node.op_type for node in loop.attribute[0].g.node]
+
+
+def keras_layer_norm_loop(dim=6, epsilon=1e-3):
+    """A loop whose step normalises `state_in @ weight` as tf2onnx writes Keras'
+    LayerNormalization (the moments, then x * m + (beta - mean * m) with
+    m = gamma / sqrt(var + eps)); gamma and beta are outer values the step reshapes to
+    `[1, dim]`, as a search loop reads them."""
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("MatMul", ["state_in", "weight"], ["x"]),
+            helper.make_node("Reshape", ["gamma", "row"], ["gamma_row"]),
+            helper.make_node("Reshape", ["beta", "row"], ["beta_row"]),
+            helper.make_node("ReduceMean", ["x"], ["mean"], axes=[1], keepdims=1),
+            helper.make_node("Neg", ["mean"], ["negated"]),
+            helper.make_node("Sub", ["x", "mean"], ["centred"]),
+            helper.make_node("Mul", ["centred", "centred"], ["squared"]),
+            helper.make_node("ReduceMean", ["squared"], ["variance"], axes=[1], keepdims=1),
+            helper.make_node("Add", ["variance", "epsilon"], ["shifted"]),
+            helper.make_node("Sqrt", ["shifted"], ["deviation"]),
+            helper.make_node("Reciprocal", ["deviation"], ["inverse"]),
+            helper.make_node("Mul", ["inverse", "gamma_row"], ["scale"]),
+            helper.make_node("Mul", ["x", "scale"], ["scaled"]),
+            helper.make_node("Mul", ["negated", "scale"], ["mean_scaled"]),
+            helper.make_node("Add", ["mean_scaled", "beta_row"], ["offset"]),
+            helper.make_node("Add", ["scaled", "offset"], ["state_out"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("state_in", TensorProto.FLOAT, [None, dim]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("state_out", TensorProto.FLOAT, [None, dim]),
+        ],
+        initializer=[
+            helper.make_tensor("row", TensorProto.INT64, [2], [1, dim]),
+            helper.make_tensor("epsilon", TensorProto.FLOAT, [], [epsilon]),
+        ],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["trips", "", "start"], ["state"], body=body)],
+        "normalise",
+        [
+            helper.make_tensor_value_info("trips", TensorProto.INT64, []),
+            helper.make_tensor_value_info("start", TensorProto.FLOAT, [None, dim]),
+            helper.make_tensor_value_info("gamma", TensorProto.FLOAT, [dim]),
+            helper.make_tensor_value_info("beta", TensorProto.FLOAT, [dim]),
+        ],
+        [helper.make_tensor_value_info("state", TensorProto.FLOAT, [None, dim])],
+        initializer=[
+            onnx.numpy_helper.from_array(
+                np.random.default_rng(0).normal(size=(dim, dim)).astype(np.float32), "weight"
+            )
+        ],  # fmt: skip
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_keras_layer_norm_becomes_one_node_with_the_same_values():
+    model = keras_layer_norm_loop()
+    rng = np.random.default_rng(1)
+    feed = {"trips": np.array(3, np.int64), "start": rng.normal(size=(5, 6)).astype(np.float32),
+            "gamma": rng.normal(size=6).astype(np.float32),
+            "beta": rng.normal(size=6).astype(np.float32)}  # fmt: skip
+    before = session(model).run(None, feed)[0]
+    assert fuse_layer_norms(model.graph) == 1
+    onnx.checker.check_model(model, full_check=True)
+    body = model.graph.node[0].attribute[0].g
+    assert [node.op_type for node in body.node] == ["Identity", "MatMul", "LayerNormalization"]
+    (norm,) = body.node[2:]
+    assert list(norm.input) == ["x", "gamma", "beta"] and list(norm.output) == ["state_out"]
+    assert {a.name: helper.get_attribute_value(a) for a in norm.attribute} == pytest.approx(
+        {"axis": 1, "epsilon": 1e-3}
+    )
+    assert [i.name for i in body.initializer] == []  # the reshapes' shape and eps: unread
+    np.testing.assert_allclose(session(model).run(None, feed)[0], before, rtol=1e-5, atol=1e-5)
+    assert fuse_layer_norms(model.graph) == 0
+
+
+def test_a_normalisation_whose_parts_are_read_elsewhere_stays():
+    model = keras_layer_norm_loop()
+    body = model.graph.node[0].attribute[0].g
+    body.output.append(helper.make_tensor_value_info("variance", TensorProto.FLOAT, [None, 1]))
+    model.graph.node[0].output.append("last_variance")
+    assert fuse_layer_norms(model.graph) == 0
+
+
+def masked_sum_loop():
+    """Each step adds `source_mask * row_scale` to the total, with the mask's float form and
+    the scale computed in the step from values that do not change (tf2onnx's way with
+    captured tensors), and one random node, which must stay."""
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("Cast", ["source_mask"], ["mask_float"], to=TensorProto.FLOAT),
+            helper.make_node("Shape", ["source_mask"], ["mask_shape"]),
+            helper.make_node("Gather", ["mask_shape", "last"], ["width"], axis=0),
+            helper.make_node("Cast", ["width"], ["width_float"], to=TensorProto.FLOAT),
+            helper.make_node("Div", ["mask_float", "width_float"], ["row_scale"]),
+            helper.make_node("RandomUniformLike", ["row_scale"], ["noise"], high=0.0, low=0.0),
+            helper.make_node("Add", ["row_scale", "noise"], ["step_value"]),
+            helper.make_node("Add", ["total_in", "step_value"], ["total_out"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("total_in", TensorProto.FLOAT, [None, None]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("total_out", TensorProto.FLOAT, [None, None]),
+        ],
+        initializer=[helper.make_tensor("last", TensorProto.INT64, [], [1])],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["trips", "", "start"], ["total"], body=body)],
+        "masked_sum",
+        [
+            helper.make_tensor_value_info("trips", TensorProto.INT64, []),
+            helper.make_tensor_value_info("start", TensorProto.FLOAT, [None, None]),
+            helper.make_tensor_value_info("source_mask", TensorProto.BOOL, [None, None]),
+        ],
+        [helper.make_tensor_value_info("total", TensorProto.FLOAT, [None, None])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_nodes_that_compute_the_same_value_at_every_step_run_before_the_loop():
+    model = masked_sum_loop()
+    feed = {"trips": np.array(4, np.int64), "start": np.zeros((2, 3), np.float32),
+            "source_mask": np.array([[1, 1, 0], [1, 0, 0]], bool)}  # fmt: skip
+    before = session(model).run(None, feed)[0]
+    assert hoist_invariant_nodes(model.graph) == 5
+    onnx.checker.check_model(model, full_check=True)
+    assert [node.op_type for node in model.graph.node] == [
+        "Cast", "Shape", "Gather", "Cast", "Div", "Loop"
+    ]  # fmt: skip
+    body = model.graph.node[-1].attribute[0].g
+    assert [node.op_type for node in body.node] == ["Identity", "RandomUniformLike", "Add", "Add"]
+    # The small constant the hoisted Gather reads went out with it.
+    assert [i.name for i in model.graph.initializer] == ["last"] and not body.initializer
+    after = session(model).run(None, feed)[0]
+    np.testing.assert_array_equal(after, before)
+    np.testing.assert_allclose(after, 4 * feed["source_mask"] / 3)
+    assert hoist_invariant_nodes(model.graph) == 0

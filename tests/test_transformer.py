@@ -5,11 +5,13 @@ import json
 
 import keras
 import numpy as np
+import onnx
 import onnxruntime
 import pytest
 import tensorflow as tf
 
 import layers
+from export.onnx_rewrites import subgraphs
 from helpers import (
     padded_ids,
     real_sentences,
@@ -220,9 +222,12 @@ def test_trained_transformer_translates_like_its_saved_model(workdir, loaded):
 
 
 def test_onnx_gives_the_saved_models_ids(workdir, loaded):
-    session = onnxruntime.InferenceSession(
-        str(workdir / "export" / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"]
-    )
+    path = workdir / "export" / "onnx" / "model.onnx"
+    # Each decoder step normalises with one node per norm (see `fuse_layer_norms`).
+    step = list(subgraphs(onnx.load(str(path)).graph))[-1]
+    in_norms = [node.op_type for node in step.node if "norm" in node.name]
+    assert in_norms == ["LayerNormalization"] * 4  # 3 in the decoder layer, then the last
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(5)
     batches = [rng.integers(4, 300, size=(3, 7)).astype(np.int32)]
     batches[0][1, 4:] = 0
