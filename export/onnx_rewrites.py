@@ -154,6 +154,15 @@ def _reads(outputs, nodes):
     return reads
 
 
+def _readers(nodes):
+    """The nodes of `nodes` that read each value name (a node reading it twice, twice)."""
+    readers = collections.defaultdict(list)
+    for node in nodes:
+        for name in node.input:
+            readers[name].append(node)
+    return readers
+
+
 def _made_by(producer, name, op_type):
     """The node that writes `name`, if it is an `op_type` node of this graph."""
     node = producer.get(name)
@@ -225,10 +234,7 @@ def fuse_layer_norms(graph):
         nodes = list(inner.node)
         producer = {output: node for node in nodes for output in node.output}
         reads = _reads(inner.output, nodes)
-        readers = collections.defaultdict(list)
-        for node in nodes:
-            for name in node.input:
-                readers[name].append(node)
+        readers = _readers(nodes)
         replacements, removed = {}, set()
         for mean in (node for node in nodes if node.op_type == "ReduceMean"):
             match = _layer_norm(inner, mean, readers, reads, producer, constants)
@@ -470,10 +476,7 @@ def _project_lookups(graph, constants, max_table_bytes):
     nodes = list(graph.node)  # held, so that their ids stay theirs
     position = {id(node): k for k, node in enumerate(nodes)}
     reads = _reads(graph.output, nodes)
-    readers = collections.defaultdict(list)
-    for node in nodes:
-        for name in node.input:
-            readers[name].append(node)
+    readers = _readers(nodes)
 
     def only_reader(name, op_type):
         found = readers[name]
