@@ -4,6 +4,9 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from layers.fused_gru import has_default_gates
+from layers.input_feeding_lstm import input_feeding_lstm_recurrence
+from layers.luong_attention import LuongAttention
 from layers.masking import boolean_mask
 from layers.recurrent_layers import (
     check_cell_type,
@@ -50,7 +53,9 @@ class AttentionDecoder(keras.layers.Layer):
 
     Without input feeding and scheduled sampling, the whole target runs through each fused
     recurrent layer in one call and attention is applied to all steps in one batched call.
-    Otherwise the steps run in a `tf.while_loop` using the same weights as `step()`.
+    Otherwise the steps run in a `tf.while_loop` using the same weights as `step()`; in
+    training, LSTM layers with a multiplicative Luong score run the loop of
+    `input_feeding_lstm_recurrence`, whose gradient is written by hand.
     """
 
     def __init__(
@@ -221,6 +226,10 @@ class AttentionDecoder(keras.layers.Layer):
             return self._fused_forward(
                 target_ids, initial_state, memory_cache, memory_mask, training
             )
+        if training and sampling_probability is None and self._hand_differentiated_loop_applies():
+            return self._input_feeding_lstm_forward(
+                target_ids, initial_state, memory_cache, memory_mask, training
+            )
         return self._stepwise_forward(
             target_ids, initial_state, memory_cache, memory_mask, sampling_probability, training
         )
@@ -236,6 +245,67 @@ class AttentionDecoder(keras.layers.Layer):
             x = output + x if self.residual and i > 0 else output
         readout, weights = self._attend(x, memory_cache, memory_mask)
         return self._logits(readout, training), weights
+
+    def _hand_differentiated_loop_applies(self):
+        attention = self.attention
+        return (
+            self.input_feeding
+            and self.cell_type == "lstm"
+            and isinstance(attention, LuongAttention)
+            and attention.score_name in ("dot", "general")
+            and all(has_default_gates(layer.cell) for layer in self.recurrent_layers)
+            and keras.backend.backend() == "tensorflow"
+        )
+
+    def _dropout_masks(self, count, shape, training):
+        """`count` scaled dropout masks of `shape`, drawn as `self.dropout` draws, or None."""
+        if not training or not self.dropout_rate or not count:
+            return None
+        ones = ops.ones(shape, dtype=self.compute_dtype)
+        return tuple(
+            keras.random.dropout(ones, self.dropout_rate, seed=self.seed_generator)
+            for _ in range(count)
+        )
+
+    def _input_feeding_lstm_forward(self, target_ids, state, memory_cache, memory_mask, training):
+        dtype = self.compute_dtype
+        batch, length = ops.shape(target_ids)[0], ops.shape(target_ids)[1]
+        first_cell = self.recurrent_layers[0].cell
+        first_kernel = ops.cast(first_cell.kernel, dtype)
+        # The embeddings' share of the first layer's gates: one product for all steps.
+        embedded = self.dropout(self.embedding(target_ids), training=training)
+        first_gate_inputs = tf.tensordot(
+            ops.transpose(embedded, (1, 0, 2)), first_kernel[: self.embedding_dim], 1
+        ) + ops.cast(first_cell.bias, dtype)
+        later_cells = [layer.cell for layer in self.recurrent_layers[1:]]
+        unit_gain = ops.ones((), dtype)
+        weights = {
+            "gain": ops.cast(self.attention.gain, dtype) if self.attention.scale else unit_gain,
+            "feed_kernel": first_kernel[self.embedding_dim :],
+            "recurrent_kernels": tuple(
+                ops.cast(layer.cell.recurrent_kernel, dtype) for layer in self.recurrent_layers
+            ),
+            "kernels": tuple(ops.cast(cell.kernel, dtype) for cell in later_cells),
+            "biases": tuple(ops.cast(cell.bias, dtype) for cell in later_cells),
+            "attentional": ops.cast(self.attention_projection.kernel, dtype),
+        }
+        feed_masks = self._dropout_masks(1, (length, batch, self.attention_vector_size), training)
+        layer_masks = self._dropout_masks(len(later_cells), (length, batch, self.units), training)
+        keys, values = (ops.cast(x, dtype) for x in memory_cache)
+        outputs, weights_over_source = input_feeding_lstm_recurrence(
+            first_gate_inputs,
+            tuple(tuple(ops.cast(x, dtype) for x in cell) for cell in state["cells"]),
+            ops.cast(state["feed"], dtype),
+            keys,
+            values,
+            memory_mask,
+            weights,
+            feed_mask=None if feed_masks is None else feed_masks[0],
+            layer_masks=layer_masks,
+            residual=self.residual,
+        )
+        logits = self._logits(ops.transpose(outputs, (1, 0, 2)), training)
+        return logits, ops.transpose(weights_over_source, (1, 0, 2))
 
     def _stepwise_forward(
         self, target_ids, state, memory_cache, memory_mask, sampling_probability, training

@@ -97,6 +97,18 @@ def gru_recurrence(gate_inputs, initial_state, mask, recurrent_kernel, recurrent
     return recurrence(gate_inputs, initial_state, recurrent_kernel, recurrent_bias)
 
 
+def has_default_gates(cell):
+    """Whether a Keras GRU or LSTM cell computes its gates in the default form that the hand-
+    differentiated recurrences implement: a bias, tanh and sigmoid, no dropout in the cell."""
+    return (
+        cell.use_bias
+        and cell.activation is keras.activations.tanh
+        and cell.recurrent_activation is keras.activations.sigmoid
+        and not cell.dropout
+        and not cell.recurrent_dropout
+    )
+
+
 @keras.saving.register_keras_serializable(package="seq2seq")
 class FusedGRU(keras.layers.GRU):
     """`keras.layers.GRU`, with the same weights and results, that trains faster on a CPU.
@@ -112,11 +124,7 @@ class FusedGRU(keras.layers.GRU):
         cell = self.cell
         return (
             cell.reset_after
-            and cell.use_bias
-            and cell.activation is keras.activations.tanh
-            and cell.recurrent_activation is keras.activations.sigmoid
-            and not cell.dropout
-            and not cell.recurrent_dropout
+            and has_default_gates(cell)
             and not self.unroll
             and keras.backend.backend() == "tensorflow"
             and not tf.config.list_logical_devices("GPU")

@@ -1,7 +1,10 @@
-"""AttentionDecoder: teacher forcing agrees with step-by-step decoding, in every mode."""
+"""AttentionDecoder: teacher forcing agrees with step-by-step decoding, in every mode, and the
+hand-differentiated input-feeding loop with the generic one."""
 
+import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import layers
 
@@ -110,3 +113,81 @@ def test_its_defaults_build_a_decoder_input_feeding_where_it_attends():
     assert layers.AttentionDecoder(
         15, 5, 8, attention=layers.LuongAttention("general")
     ).input_feeding
+
+
+def training_pass_and_gradients(decoder, memory, cells, sampling_probability=None):
+    """Logits, weights and the gradients of every input and weight in a training pass (a
+    sampling probability of 0 takes the generic step loop and changes nothing else)."""
+    memory, cells = tf.constant(memory), tf.nest.map_structure(tf.constant, cells)
+    with tf.GradientTape() as tape:
+        tape.watch([memory, cells])
+        logits, weights = decoder(
+            TARGET, memory, memory_mask=MEMORY_MASK, initial_state=decoder.initial_state(cells),
+            sampling_probability=sampling_probability, training=True,
+        )  # fmt: skip
+        # Weights that differ by position, so that no error cancels out; the attention
+        # weights get a gradient of their own, as an alignment loss would give them.
+        loss = tf.reduce_sum(tf.sin(logits)) + tf.reduce_sum(weights * tf.cos(tf.range(5.0)))
+    gradients = tape.gradient(loss, [memory, cells, decoder.trainable_variables])
+    return [logits, weights, *tf.nest.flatten(gradients)]
+
+
+@pytest.mark.parametrize(
+    "num_layers,score,scale", [(1, "general", True), (2, "general", False), (3, "dot", True)]
+)
+def test_the_hand_differentiated_input_feeding_loop_equals_the_generic_one(
+    rng, num_layers, score, scale
+):
+    units = 12 if score == "dot" else 8  # dot: the decoder as wide as the memory
+    decoder = layers.AttentionDecoder(
+        15, 5, units, num_layers=num_layers, cell_type="lstm",
+        attention=layers.LuongAttention(score, scale=scale), residual=num_layers > 1,
+    )  # fmt: skip
+    memory = rng.normal(size=(3, 5, 12)).astype("float32")
+    cells = tuple(
+        tuple(rng.normal(size=(3, size)).astype("float32") for size in layer)
+        for layer in decoder.state_sizes
+    )
+    decoder(TARGET, memory, memory_mask=MEMORY_MASK, initial_state=decoder.initial_state(cells))
+    if scale:
+        decoder.attention.gain.assign(1.7)
+    assert decoder._hand_differentiated_loop_applies()
+    hand = training_pass_and_gradients(decoder, memory, cells)
+    generic = training_pass_and_gradients(decoder, memory, cells, sampling_probability=0.0)
+    assert len(hand) == 2 + 1 + 2 * num_layers + len(decoder.trainable_variables)
+    for a, b in zip(hand, generic, strict=True):
+        np.testing.assert_allclose(tf.convert_to_tensor(a), tf.convert_to_tensor(b), atol=2e-5)
+
+
+def test_the_hand_differentiated_loop_drops_out_and_compiles(memory):
+    decoder = make_decoder("luong", input_feeding=True, num_layers=2, dropout=0.5)
+    decoder(TARGET, memory)
+    assert decoder._hand_differentiated_loop_applies()
+
+    @tf.function
+    def compiled(memory):
+        with tf.GradientTape() as tape:
+            tape.watch(memory)
+            logits, _ = decoder(TARGET, memory, memory_mask=MEMORY_MASK, training=True)
+            loss = tf.reduce_sum(logits**2)
+        return logits, tape.gradient(loss, [memory, decoder.trainable_variables])
+
+    (first, gradients), (second, _) = compiled(memory), compiled(memory)
+    assert all(np.isfinite(tf.convert_to_tensor(g)).all() for g in tf.nest.flatten(gradients))
+    assert not np.allclose(first, second)  # fresh masks at each call
+    inference, _ = decoder(TARGET, memory, memory_mask=MEMORY_MASK)
+    stepped, _ = step_by_step(decoder, memory, decoder.zero_state(3))
+    np.testing.assert_allclose(inference, stepped, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "attention,cell_type,options",
+    [("bahdanau", "lstm", {}), ("luong", "gru", {}), ("luong", "lstm", {"activation": "relu"})],
+)
+def test_other_input_feeding_decoders_take_the_generic_loop(memory, attention, cell_type, options):
+    decoder = make_decoder(attention, input_feeding=True, cell_type=cell_type)
+    decoder(TARGET, memory)
+    for layer in decoder.recurrent_layers:
+        for name, value in options.items():
+            setattr(layer.cell, name, keras.activations.get(value))
+    assert not decoder._hand_differentiated_loop_applies()
