@@ -7,6 +7,7 @@ from layers.bahdanau_attention import BahdanauAttention
 from layers.causal_self_attention import CausalSelfAttention
 from layers.encoder_decoder_model import EncoderDecoderModel
 from layers.fused_gru import FusedGRU
+from layers.fused_lstm import FusedLSTM
 from layers.luong_attention import LuongAttention
 from layers.multi_head_cross_attention import MultiHeadCrossAttention
 from layers.recurrent_encoder import RecurrentEncoder
@@ -25,6 +26,7 @@ __all__ = [
     "CausalSelfAttention",
     "EncoderDecoderModel",
     "FusedGRU",
+    "FusedLSTM",
     "LuongAttention",
     "MultiHeadCrossAttention",
     "RecurrentEncoder",

@@ -4,7 +4,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from layers.fused_gru import has_default_gates
+from layers.fused_recurrent import has_default_gates
 from layers.input_feeding_lstm import input_feeding_lstm_recurrence
 from layers.luong_attention import LuongAttention
 from layers.masking import boolean_mask

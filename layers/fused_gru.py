@@ -2,7 +2,8 @@
 
 import keras
 import tensorflow as tf
-from keras import ops, tree
+
+from layers.fused_recurrent import FusedRecurrence
 
 
 def gru_recurrence(gate_inputs, initial_state, mask, recurrent_kernel, recurrent_bias):
@@ -97,68 +98,24 @@ def gru_recurrence(gate_inputs, initial_state, mask, recurrent_kernel, recurrent
     return recurrence(gate_inputs, initial_state, recurrent_kernel, recurrent_bias)
 
 
-def has_default_gates(cell):
-    """Whether a Keras GRU or LSTM cell computes its gates in the default form that the hand-
-    differentiated recurrences implement: a bias, tanh and sigmoid, no dropout in the cell."""
-    return (
-        cell.use_bias
-        and cell.activation is keras.activations.tanh
-        and cell.recurrent_activation is keras.activations.sigmoid
-        and not cell.dropout
-        and not cell.recurrent_dropout
-    )
-
-
 @keras.saving.register_keras_serializable(package="seq2seq")
-class FusedGRU(keras.layers.GRU):
-    """`keras.layers.GRU`, with the same weights and results, that trains faster on a CPU.
-
-    In training, without a GPU (where Keras runs cuDNN), and in Keras' default GRU form
-    (`reset_after`, tanh and sigmoid, a bias, no dropout inside the layer), the input projection
-    of every step is one matrix product before the loop and the recurrence is
-    `gru_recurrence`. Everywhere else (inference, validation, the exports) this is Keras' GRU
-    as it is, so exported graphs do not change. Arguments, call and returns as Keras' GRU.
+class FusedGRU(FusedRecurrence, keras.layers.GRU):
+    """`keras.layers.GRU`, with the same weights and results, that trains faster on a CPU: in
+    Keras' default GRU form (`reset_after` and `has_default_gates`) its training pass runs
+    `gru_recurrence` (see `FusedRecurrence`). Arguments, call and returns as Keras' GRU.
     """
 
     def _fused_applies(self):
-        cell = self.cell
-        return (
-            cell.reset_after
-            and has_default_gates(cell)
-            and not self.unroll
-            and keras.backend.backend() == "tensorflow"
-            and not tf.config.list_logical_devices("GPU")
-        )
+        return self.cell.reset_after and super()._fused_applies()
 
-    def inner_loop(self, sequences, initial_state, mask, training=False):
-        if not (training and self._fused_applies()):
-            return super().inner_loop(sequences, initial_state, mask, training=training)
-        if tree.is_nested(initial_state):
-            initial_state = initial_state[0]
-        if tree.is_nested(mask):
-            mask = mask[0]
-        dtype = sequences.dtype
-        kernel, recurrent_kernel, bias = (
-            ops.cast(weight, dtype)
-            for weight in (self.cell.kernel, self.cell.recurrent_kernel, self.cell.bias)
+    @staticmethod
+    def split_bias(bias):
+        return bias[0], bias[1]
+
+    @staticmethod
+    def recurrence(gate_inputs, initial_states, time_mask, recurrent_kernel, recurrent_bias):
+        (initial_state,) = initial_states
+        states = gru_recurrence(
+            gate_inputs, initial_state, time_mask, recurrent_kernel, recurrent_bias
         )
-        # [time, batch, 3 * units] in processing order; a batch-major product would need the
-        # same transpose on its output.
-        gate_inputs = tf.tensordot(tf.transpose(sequences, [1, 0, 2]), kernel, 1) + bias[0]
-        time_mask = None if mask is None else tf.transpose(ops.cast(mask, "bool"))[:, :, None]
-        if self.go_backwards:
-            gate_inputs = tf.reverse(gate_inputs, [0])
-            time_mask = None if time_mask is None else tf.reverse(time_mask, [0])
-        states = gru_recurrence(gate_inputs, initial_state, time_mask, recurrent_kernel, bias[1])
-        outputs = states
-        if time_mask is not None:
-            # Keras' outputs at masked steps: zeros, or the last unmasked step's output (zeros
-            # before the first one).
-            shown = (
-                time_mask
-                if self.zero_output_for_mask
-                else tf.math.cumsum(tf.cast(time_mask, "int32"), axis=0) > 0
-            )
-            outputs = states * tf.cast(shown, dtype)
-        outputs = tf.transpose(outputs, [1, 0, 2])
-        return outputs[:, -1], outputs, [states[-1]]
+        return states, [states[-1]]

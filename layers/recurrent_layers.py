@@ -3,9 +3,10 @@
 import keras
 
 from layers.fused_gru import FusedGRU
+from layers.fused_lstm import FusedLSTM
 
 CELL_TYPES = {
-    "lstm": keras.layers.LSTM,
+    "lstm": FusedLSTM,
     "gru": FusedGRU,
     "simple_rnn": keras.layers.SimpleRNN,
 }

@@ -166,21 +166,43 @@ def sequence_inputs(rng):
     return {"x": rng.normal(size=(3, 4, 8)).astype("float32")}
 
 
-def fused_gru_forward(layer, inputs):
+def fused_forward(layer, inputs):
     """Training mode, the fused recurrence's; source-padded as the encoder's inputs are."""
     return layer(inputs["x"], mask=SOURCE_MASK[:, :4], training=True)
 
 
-def fused_gru_steps(layer, inputs):
-    """Keras' GRU cell one step at a time, the state kept at masked steps."""
+def fused_steps(layer, inputs):
+    """Keras' cell one step at a time, the states kept at masked steps."""
     x, mask = inputs["x"], SOURCE_MASK[:, :4, None]
-    state = np.zeros((x.shape[0], layer.units), "float32")
+    states = [
+        np.zeros((x.shape[0], layer.units), "float32") for _ in np.atleast_1d(layer.cell.state_size)
+    ]
     outputs = []
     for t in range(x.shape[1]):
-        output, _ = layer.cell(x[:, t], [state])
-        state = np.where(mask[:, t], np.asarray(output), state)
-        outputs.append(state)
-    return np.stack(outputs, axis=1), state
+        _, new_states = layer.cell(x[:, t], states)
+        states = [
+            np.where(mask[:, t], np.asarray(new), old) for new, old in zip(new_states, states)
+        ]
+        outputs.append(states[0])
+    return np.stack(outputs, axis=1), *states
+
+
+def fused_case(name, fused_class):
+    return LayerCase(
+        name,
+        lambda: fused_class(6, return_sequences=True, return_state=True),
+        sequence_inputs,
+        fused_forward,
+        masking=Masking(
+            perturb=lambda inputs, rng: {"x": noise_at(inputs["x"], SOURCE_MASK[:, :4], rng)},
+            # The outputs at real steps and the final states.
+            invariant=lambda inputs, outputs: [
+                np.asarray(outputs[0])[SOURCE_MASK[:, :4]],
+                *outputs[1:],
+            ],
+        ),
+        steps=fused_steps,
+    )
 
 
 def causal_steps(layer, inputs):
@@ -301,21 +323,8 @@ def model_case(name, make_model):
 
 CASES = [
     *(attention_case(name, make) for name, make in ATTENTION_FACTORIES.items()),
-    LayerCase(
-        "fused_gru",
-        lambda: layers.FusedGRU(6, return_sequences=True, return_state=True),
-        sequence_inputs,
-        fused_gru_forward,
-        masking=Masking(
-            perturb=lambda inputs, rng: {"x": noise_at(inputs["x"], SOURCE_MASK[:, :4], rng)},
-            # The outputs at real steps and the final state.
-            invariant=lambda inputs, outputs: [
-                np.asarray(outputs[0])[SOURCE_MASK[:, :4]],
-                outputs[1],
-            ],
-        ),
-        steps=fused_gru_steps,
-    ),
+    fused_case("fused_gru", layers.FusedGRU),
+    fused_case("fused_lstm", layers.FusedLSTM),
     encoder_case("lstm"),
     encoder_case("lstm_bidirectional", bidirectional=True),
     encoder_case(
