@@ -3,8 +3,9 @@ data, the same model, the same SentencePiece models, the same machine and the sa
 
     python bench/peer_toolkits.py setup
     python bench/peer_toolkits.py speed   [--families F ...] [--threads 1 2] [--rounds 2]
-                                          [--steps 300] [--window 50]
+                                          [--steps 300] [--window 50] [--toolkits T ...]
     python bench/peer_toolkits.py quality [--families F ...] [--minutes 30] [--threads 2]
+                                          [--toolkits T ...]
     python bench/peer_toolkits.py report
 
 Everything lands in `--root` (default `runs/peer_toolkits/`): `venvs/` (each peer installed
@@ -18,8 +19,9 @@ default recipe's attentional GRU (`configs/default.yaml`), and Luong et al.'s at
 is written in each toolkit's own configuration; where a toolkit cannot build a piece the same,
 `family.differences` says what it builds instead.
 
-- `speed`: every toolkit trains `--steps` steps from scratch, the toolkits taking turns within
-  each round, on `--threads` CPUs (`taskset`; OpenNMT-py also gets OMP/MKL_NUM_THREADS, the
+- `speed`: every toolkit (or those of `--toolkits`, in their order; only their peers are
+  installed) trains `--steps` steps from scratch, the toolkits taking turns within each
+  round, on `--threads` CPUs (`taskset`; OpenNMT-py also gets OMP/MKL_NUM_THREADS, the
   TensorFlow toolkits read the CPU set). A run's figure is the median target tokens/s (pieces
   plus </s>, as each toolkit logs it) over its `--window`-step windows after the first.
 - `quality`: each toolkit trains for the same wall time (`--minutes`, from the command's start;
@@ -180,10 +182,12 @@ def checked(command, log_path, **kwargs):
         sys.exit(f"{Path(command[0]).name} failed (exit {code}); see {log_path}")
 
 
-def install_peers(root):
-    """Each peer's venv, made once; its `installed` file records what was asked, so that a
-    changed pin installs again."""
+def install_peers(root, toolkits=TOOLKITS):
+    """The venv of each peer among `toolkits` (its variants included), made once; its
+    `installed` file records what was asked, so that a changed pin installs again."""
     for peer in PEERS.values():
+        if not any(toolkit.startswith(peer.name) for toolkit in toolkits):
+            continue
         venv, wanted = peer.venv(root), json.dumps(peer.installs)
         marker = venv / "installed"
         if marker.exists() and marker.read_text() == wanted:
@@ -561,12 +565,12 @@ def environment(toolkit, threads):
 # --- speed ---------------------------------------------------------------------------------
 
 
-def speed(root, families, threads_list, rounds, steps, window):
+def speed(root, families, threads_list, rounds, steps, window, toolkits=SPEED_TOOLKITS):
     for family in families:
         build_vocabularies(family, root)
         for threads in threads_list:
             for index in range(rounds):
-                for toolkit in SPEED_TOOLKITS:
+                for toolkit in toolkits:
                     run_speed(root, family, toolkit, threads, index, steps, window)
 
 
@@ -936,6 +940,13 @@ def main(argv=None):
     speed_parser.add_argument("--rounds", type=int, default=2)
     speed_parser.add_argument("--steps", type=int, default=300)
     speed_parser.add_argument("--window", type=int, default=50)
+    speed_parser.add_argument(
+        "--toolkits",
+        nargs="+",
+        default=list(SPEED_TOOLKITS),
+        choices=SPEED_TOOLKITS,
+        help="the order they take turns in",
+    )
     quality_parser = sub.add_parser("quality", help="BLEU after equal training time")
     quality_parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
     quality_parser.add_argument("--minutes", type=float, default=30)
@@ -960,12 +971,12 @@ def main(argv=None):
         for family in FAMILIES.values():
             build_vocabularies(family, root)
     elif args.command == "speed":
-        install_peers(root)
+        install_peers(root, args.toolkits)
         speed(root, [FAMILIES[f] for f in args.families], args.threads, args.rounds,
-              args.steps, args.window)  # fmt: skip
+              args.steps, args.window, args.toolkits)  # fmt: skip
         report(root)
     elif args.command == "quality":
-        install_peers(root)
+        install_peers(root, args.toolkits)
         quality(root, [FAMILIES[f] for f in args.families], args.minutes, args.threads,
                 args.toolkits)  # fmt: skip
         report(root)

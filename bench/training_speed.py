@@ -4,6 +4,7 @@ share of the CPU's peak that training reaches.
     python bench/training_speed.py [--config configs/default.yaml] [--steps 150] [--variants N]
                                    [--quick]
     python bench/training_speed.py --ref-tree DIR [--steps N] [--rounds R]
+                                   [--set SECTION.KEY=VALUE ...]
 
 Each variant (attention type x input feeding, and XLA) trains `--steps` steps of a fresh
 model in a subprocess (`python -m pipeline.train`); the figure is the `target tokens/s` of its
@@ -14,7 +15,8 @@ the theoretical peak of the AMD EPYC (Zen 4) here: 2 cores x 2 FMA pipes x 8 flo
 FLOPs = 64 FLOP/cycle, ~224 GFLOP/s at 3.5 GHz.
 
 With `--ref-tree DIR` (another checkout, e.g. `git worktree add DIR HEAD~1`) it trains the
-recipe's own model in this tree and in DIR in turn, `--rounds` times, and prints their ratio.
+recipe's own model (changed by `--set`) in this tree and in DIR in turn, `--rounds` times, and
+prints their ratio.
 """
 
 import argparse
@@ -176,11 +178,13 @@ def main():
         "--ref-tree", type=Path, help="compare the recipe with another checkout, alternating"
     )
     parser.add_argument("--rounds", type=int, default=3, help="alternations with --ref-tree")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="with --ref-tree: a change to the recipe, in both trees")  # fmt: skip
     args = parser.parse_args()
     variants = VARIANTS[: 2 if args.quick else args.variants]
     steps = 40 if args.quick else args.steps
     if args.ref_tree:
-        return compare_trees(args.config, steps, args.ref_tree, args.rounds)
+        return compare_trees(args.config, steps, args.ref_tree, args.rounds, args.set)
 
     base = load_config(args.config)
     pairs, source_len, target_len = corpus_lengths(base)
@@ -208,15 +212,17 @@ def main():
         )
 
 
-def compare_trees(config_path, steps, ref_tree, rounds):
+def compare_trees(config_path, steps, ref_tree, rounds, overrides=()):
     """The recipe's training rate here and in `ref_tree` (e.g. a `git worktree` of the previous
     commit), run after run in turn, two epochs a run, and their ratios: the first epoch's rate
     includes the run's start, the second's is steady training."""
     rates = {"this tree": [], str(ref_tree): []}
     for _ in range(rounds):
         for name, tree in zip(rates, (PROJECT_ROOT, ref_tree)):
-            rates[name].append(train_rate(config_path, steps, [], tree, epochs=2))
-    print(f"# {config_path.name}, 2 epochs of {steps} steps a run, {rounds} rounds alternating")
+            rates[name].append(train_rate(config_path, steps, overrides, tree, epochs=2))
+    changes = f" with {' '.join(overrides)}" if overrides else ""
+    print(f"# {config_path.name}{changes}, 2 epochs of {steps} steps a run, {rounds} rounds "
+          "alternating")  # fmt: skip
     print("| tree | epoch 1 tgt tok/s | median | epoch 2 tgt tok/s | median |")
     print("|---|---|---:|---|---:|")
     medians = {}

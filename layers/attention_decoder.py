@@ -271,17 +271,20 @@ class AttentionDecoder(keras.layers.Layer):
         dtype = self.compute_dtype
         batch, length = ops.shape(target_ids)[0], ops.shape(target_ids)[1]
         first_cell = self.recurrent_layers[0].cell
-        first_kernel = ops.cast(first_cell.kernel, dtype)
+        # Split, not sliced: the gradient of two slices is two kernel-sized arrays of zeros.
+        embedding_kernel, feed_kernel = tf.split(
+            ops.cast(first_cell.kernel, dtype), [self.embedding_dim, -1], axis=0
+        )
         # The embeddings' share of the first layer's gates: one product for all steps.
         embedded = self.dropout(self.embedding(target_ids), training=training)
         first_gate_inputs = tf.tensordot(
-            ops.transpose(embedded, (1, 0, 2)), first_kernel[: self.embedding_dim], 1
+            ops.transpose(embedded, (1, 0, 2)), embedding_kernel, 1
         ) + ops.cast(first_cell.bias, dtype)
         later_cells = [layer.cell for layer in self.recurrent_layers[1:]]
         unit_gain = ops.ones((), dtype)
         weights = {
             "gain": ops.cast(self.attention.gain, dtype) if self.attention.scale else unit_gain,
-            "feed_kernel": first_kernel[self.embedding_dim :],
+            "feed_kernel": feed_kernel,
             "recurrent_kernels": tuple(
                 ops.cast(layer.cell.recurrent_kernel, dtype) for layer in self.recurrent_layers
             ),
