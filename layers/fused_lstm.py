@@ -30,30 +30,23 @@ def lstm_recurrence(gate_inputs, initial_h, initial_c, mask, recurrent_kernel):
     @tf.custom_gradient
     def recurrence(gate_inputs, initial_h, initial_c, recurrent_kernel):
         length = tf.shape(gate_inputs)[0]
-        arrays = [tf.TensorArray(gate_inputs.dtype, size=length) for _ in range(3)]
+        # h, c and each gate in an array of its own: no concatenation here, no split backward.
+        arrays = [tf.TensorArray(gate_inputs.dtype, size=length) for _ in range(6)]
 
-        def step(t, h, c, hs, cs, gates):
-            z = gate_inputs[t] + tf.matmul(h, recurrent_kernel)
-            z_ifo = tf.sigmoid(z)
-            i, f, _, o = tf.split(z_ifo, 4, axis=-1)
-            g = tf.tanh(z[:, 2 * units : 3 * units])
+        def step(t, h, c, *arrays):
+            z_i, z_f, z_g, z_o = tf.split(gate_inputs[t] + tf.matmul(h, recurrent_kernel), 4, 1)
+            i, f, g, o = tf.sigmoid(z_i), tf.sigmoid(z_f), tf.tanh(z_g), tf.sigmoid(z_o)
             new_c = f * c + i * g
             new_h = o * tf.tanh(new_c)
             if mask is not None:
                 new_h, new_c = tf.where(mask[t], new_h, h), tf.where(mask[t], new_c, c)
-            return (
-                t + 1,
-                new_h,
-                new_c,
-                hs.write(t, new_h),
-                cs.write(t, new_c),
-                gates.write(t, tf.concat([i, f, g, o], axis=-1)),
-            )
+            values = (new_h, new_c, i, f, g, o)
+            return (t + 1, new_h, new_c, *(a.write(t, v) for a, v in zip(arrays, values)))
 
         _, _, _, *arrays = tf.while_loop(
             lambda t, *_: t < length, step, (0, initial_h, initial_c, *arrays)
         )
-        hs, cs, gates = (array.stack() for array in arrays)
+        hs, cs, *gates = (array.stack() for array in arrays)
 
         def gradient(d_hs, d_cs):
             previous_h = tf.concat([initial_h[None], hs[:-1]], axis=0)
@@ -70,7 +63,7 @@ def lstm_recurrence(gate_inputs, initial_h, initial_c, mask, recurrent_kernel):
                 else:
                     d_step_h = tf.where(mask[t], d_h, tf.zeros_like(d_h))
                     d_step_c = tf.where(mask[t], d_c, tf.zeros_like(d_c))
-                i_g, f_g, g_g, o_g = tf.split(gates[t], 4, axis=-1)
+                i_g, f_g, g_g, o_g = (gate[t] for gate in gates)
                 tanh_c = tf.tanh(cs[t])
                 d_cell = d_step_c + d_step_h * o_g * (1 - tanh_c * tanh_c)
                 d_z = tf.concat(

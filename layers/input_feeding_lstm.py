@@ -64,6 +64,8 @@ def input_feeding_lstm_recurrence(
         c0 = flat_cells[1::2]
         length = tf.shape(first_gate_inputs)[0]
         dtype = first_gate_inputs.dtype
+        # Two products, not a concatenation a step: [c; y] W_c = c W_c,c + y W_c,y.
+        context_kernel, query_kernel = _attentional_kernels(w, values)
 
         def new_arrays(count):
             return [tf.TensorArray(dtype, size=length) for _ in range(count)]
@@ -83,12 +85,11 @@ def input_feeding_lstm_recurrence(
                 c = f * cs[layer] + i * g
                 h = o * tf.tanh(c)
                 below = h + below if residual and layer > 0 else h
-                gates_array, c_array, h_array = layer_arrays[layer]
+                # Each gate in an array of its own: no concatenation here, no split backward.
                 new_layer_arrays.append(
-                    (
-                        gates_array.write(t, tf.concat([i, f, g, o], axis=-1)),
-                        c_array.write(t, c),
-                        h_array.write(t, h),
+                    tuple(
+                        array.write(t, value)
+                        for array, value in zip(layer_arrays[layer], (i, f, g, o, c, h))
                     )
                 )
                 new_hs.append(h)
@@ -97,7 +98,9 @@ def input_feeding_lstm_recurrence(
             scores = tf.squeeze(tf.matmul(query[:, None, :], keys), 1) * w["gain"]
             alpha = masked_softmax(scores, memory_mask)
             context = tf.squeeze(tf.matmul(alpha[:, None, :], values), 1)
-            attentional = tf.tanh(tf.matmul(tf.concat([context, query], -1), w["attentional"]))
+            attentional = tf.tanh(
+                tf.matmul(context, context_kernel) + tf.matmul(query, query_kernel)
+            )
             query_array, alpha_array, context_array, out_array = attention_arrays
             return (
                 t + 1,
@@ -121,7 +124,7 @@ def input_feeding_lstm_recurrence(
                 tuple(h0),
                 tuple(c0),
                 initial_feed,
-                tuple(tuple(new_arrays(3)) for _ in range(num_layers)),
+                tuple(tuple(new_arrays(6)) for _ in range(num_layers)),
                 tuple(new_arrays(4)),
             ),
         )
@@ -139,6 +142,11 @@ def input_feeding_lstm_recurrence(
 
     flat_cells = [tensor for cell in initial_cells for tensor in cell]
     return recurrence(first_gate_inputs, initial_feed, keys, values, *flat_cells, *flat_weights)
+
+
+def _attentional_kernels(w, values):
+    """W_c's rows for the context and for the query."""
+    return tf.split(w["attentional"], [values.shape[-1], -1], axis=0)
 
 
 def _previous(initial, values):
@@ -166,18 +174,20 @@ def _backward(
     dtype = first_gate_inputs.dtype
     if d_alphas is None:
         d_alphas = tf.zeros_like(alphas)
-    value_dim = values.shape[-1]
-    attentional_t = tf.transpose(w["attentional"])
+    context_kernel_t, query_kernel_t = (
+        tf.transpose(kernel) for kernel in _attentional_kernels(w, values)
+    )
     feed_kernel_t = tf.transpose(w["feed_kernel"])
     recurrent_t = [tf.transpose(kernel) for kernel in w["recurrent_kernels"]]
     kernels_t = [tf.transpose(kernel) for kernel in w["kernels"]]
-    previous_cs = [_previous(c0[layer], layer_values[layer][1]) for layer in range(num_layers)]
+    previous_cs = [_previous(c0[layer], layer_values[layer][4]) for layer in range(num_layers)]
 
     def back_step(i, d_hs, d_cs, d_feed, gate_arrays, attention_arrays):
         t = length - 1 - i
         out = outputs[t]
         d_pre = (d_outputs[t] + d_feed) * (1 - out * out)
-        d_context, d_query = tf.split(tf.matmul(d_pre, attentional_t), [value_dim, -1], axis=-1)
+        d_context = tf.matmul(d_pre, context_kernel_t)
+        d_query = tf.matmul(d_pre, query_kernel_t)
         alpha = alphas[t]
         d_alpha = tf.squeeze(tf.matmul(d_context[:, None, :], values, transpose_b=True), 1)
         d_alpha = d_alpha + d_alphas[t]
@@ -187,9 +197,8 @@ def _backward(
         )
         new_d_hs, new_d_cs, new_gate_arrays = [None] * num_layers, [None] * num_layers, []
         for layer in reversed(range(num_layers)):
-            gates, cs, _ = layer_values[layer]
-            i_g, f_g, g_g, o_g = tf.split(gates[t], 4, axis=-1)
-            tanh_c = tf.tanh(cs[t])
+            i_g, f_g, g_g, o_g, c_t = (stacked[t] for stacked in layer_values[layer][:5])
+            tanh_c = tf.tanh(c_t)
             d_h = d_below + d_hs[layer]
             d_c = d_cs[layer] + d_h * o_g * (1 - tanh_c * tanh_c)
             d_z = tf.concat(
@@ -252,12 +261,12 @@ def _backward(
         feeds = feeds * feed_mask
     belows = []  # each layer's output y^l_t
     for layer in range(num_layers):
-        h = layer_values[layer][2]
+        h = layer_values[layer][5]
         belows.append(h + belows[-1] if residual and layer > 0 else h)
     d_weights = {
         "feed_kernel": _product_over_steps(feeds, d_zs[0]),
         "recurrent_kernels": tuple(
-            _product_over_steps(_previous(h0[layer], layer_values[layer][2]), d_zs[layer])
+            _product_over_steps(_previous(h0[layer], layer_values[layer][5]), d_zs[layer])
             for layer in range(num_layers)
         ),
         "kernels": tuple(
