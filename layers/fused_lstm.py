@@ -6,6 +6,33 @@ import tensorflow as tf
 from layers.fused_recurrent import FusedRecurrence
 
 
+def lstm_cell(z, c):
+    """One LSTM step from its pre-activations z `[batch, 4 * units]` (Keras' gate order i, f,
+    g, o) and the previous cell: the new h and c, and the gates (i, f, g, o) its gradient needs."""
+    z_i, z_f, z_g, z_o = tf.split(z, 4, axis=-1)
+    i, f, g, o = tf.sigmoid(z_i), tf.sigmoid(z_f), tf.tanh(z_g), tf.sigmoid(z_o)
+    new_c = f * c + i * g
+    return o * tf.tanh(new_c), new_c, (i, f, g, o)
+
+
+def lstm_cell_gradient(d_h, d_c, gates, c, previous_c):
+    """`lstm_cell` backwards: from the gradients of its h and c, given its gates, its new cell
+    and the previous one, the gradients of z and of the previous cell."""
+    i, f, g, o = gates
+    tanh_c = tf.tanh(c)
+    d_cell = d_c + d_h * o * (1 - tanh_c * tanh_c)
+    d_z = tf.concat(
+        [
+            d_cell * g * i * (1 - i),
+            d_cell * previous_c * f * (1 - f),
+            d_cell * i * (1 - g * g),
+            d_h * tanh_c * o * (1 - o),
+        ],
+        axis=-1,
+    )
+    return d_z, d_cell * f
+
+
 def lstm_recurrence(gate_inputs, initial_h, initial_c, mask, recurrent_kernel):
     """The LSTM recurrence (Keras' gate order i, f, g, o) with a hand-written backward loop.
 
@@ -34,13 +61,10 @@ def lstm_recurrence(gate_inputs, initial_h, initial_c, mask, recurrent_kernel):
         arrays = [tf.TensorArray(gate_inputs.dtype, size=length) for _ in range(6)]
 
         def step(t, h, c, *arrays):
-            z_i, z_f, z_g, z_o = tf.split(gate_inputs[t] + tf.matmul(h, recurrent_kernel), 4, 1)
-            i, f, g, o = tf.sigmoid(z_i), tf.sigmoid(z_f), tf.tanh(z_g), tf.sigmoid(z_o)
-            new_c = f * c + i * g
-            new_h = o * tf.tanh(new_c)
+            new_h, new_c, gates = lstm_cell(gate_inputs[t] + tf.matmul(h, recurrent_kernel), c)
             if mask is not None:
                 new_h, new_c = tf.where(mask[t], new_h, h), tf.where(mask[t], new_c, c)
-            values = (new_h, new_c, i, f, g, o)
+            values = (new_h, new_c, *gates)
             return (t + 1, new_h, new_c, *(a.write(t, v) for a, v in zip(arrays, values)))
 
         _, _, _, *arrays = tf.while_loop(
@@ -63,20 +87,11 @@ def lstm_recurrence(gate_inputs, initial_h, initial_c, mask, recurrent_kernel):
                 else:
                     d_step_h = tf.where(mask[t], d_h, tf.zeros_like(d_h))
                     d_step_c = tf.where(mask[t], d_c, tf.zeros_like(d_c))
-                i_g, f_g, g_g, o_g = (gate[t] for gate in gates)
-                tanh_c = tf.tanh(cs[t])
-                d_cell = d_step_c + d_step_h * o_g * (1 - tanh_c * tanh_c)
-                d_z = tf.concat(
-                    [
-                        d_cell * g_g * i_g * (1 - i_g),
-                        d_cell * previous_c[t] * f_g * (1 - f_g),
-                        d_cell * i_g * (1 - g_g * g_g),
-                        d_step_h * tanh_c * o_g * (1 - o_g),
-                    ],
-                    axis=-1,
+                d_z, d_previous_c = lstm_cell_gradient(
+                    d_step_h, d_step_c, [gate[t] for gate in gates], cs[t], previous_c[t]
                 )
                 d_previous_h = tf.matmul(d_z, kernel_t) + (d_h - d_step_h)
-                d_previous_c = d_cell * f_g + (d_c - d_step_c)
+                d_previous_c = d_previous_c + (d_c - d_step_c)
                 return i + 1, d_previous_h, d_previous_c, d_gates.write(t, d_z)
 
             _, d_initial_h, d_initial_c, d_gates = tf.while_loop(

@@ -2,13 +2,8 @@
 
 import tensorflow as tf
 
+from layers.fused_lstm import lstm_cell, lstm_cell_gradient
 from layers.masking import masked_softmax
-
-
-def _lstm_gates(z):
-    """Keras' LSTM gates (i, f, g, o) from the pre-activations `[batch, 4 * units]`."""
-    z_i, z_f, z_g, z_o = tf.split(z, 4, axis=-1)
-    return tf.sigmoid(z_i), tf.sigmoid(z_f), tf.tanh(z_g), tf.sigmoid(z_o)
 
 
 def input_feeding_lstm_recurrence(
@@ -81,9 +76,7 @@ def input_feeding_lstm_recurrence(
                     x = below if layer_masks is None else below * layer_masks[layer - 1][t]
                     z = tf.matmul(x, w["kernels"][layer - 1]) + w["biases"][layer - 1]
                 z = z + tf.matmul(hs[layer], w["recurrent_kernels"][layer])
-                i, f, g, o = _lstm_gates(z)
-                c = f * cs[layer] + i * g
-                h = o * tf.tanh(c)
+                h, c, (i, f, g, o) = lstm_cell(z, cs[layer])
                 below = h + below if residual and layer > 0 else h
                 # Each gate in an array of its own: no concatenation here, no split backward.
                 new_layer_arrays.append(
@@ -197,21 +190,11 @@ def _backward(
         )
         new_d_hs, new_d_cs, new_gate_arrays = [None] * num_layers, [None] * num_layers, []
         for layer in reversed(range(num_layers)):
-            i_g, f_g, g_g, o_g, c_t = (stacked[t] for stacked in layer_values[layer][:5])
-            tanh_c = tf.tanh(c_t)
-            d_h = d_below + d_hs[layer]
-            d_c = d_cs[layer] + d_h * o_g * (1 - tanh_c * tanh_c)
-            d_z = tf.concat(
-                [
-                    d_c * g_g * i_g * (1 - i_g),
-                    d_c * previous_cs[layer][t] * f_g * (1 - f_g),
-                    d_c * i_g * (1 - g_g * g_g),
-                    d_h * tanh_c * o_g * (1 - o_g),
-                ],
-                axis=-1,
+            *gates, c_t = (stacked[t] for stacked in layer_values[layer][:5])
+            d_z, new_d_cs[layer] = lstm_cell_gradient(
+                d_below + d_hs[layer], d_cs[layer], gates, c_t, previous_cs[layer][t]
             )
             new_gate_arrays.append(gate_arrays[layer].write(t, d_z))
-            new_d_cs[layer] = d_c * f_g
             new_d_hs[layer] = tf.matmul(d_z, recurrent_t[layer])
             if layer > 0:
                 d_input = tf.matmul(d_z, kernels_t[layer - 1])
