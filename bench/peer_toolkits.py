@@ -32,8 +32,10 @@ is written in each toolkit's own configuration; where a toolkit cannot build a p
   skipped, so the command resumes where it stopped.
 
 Our side is always `python -m pipeline.train --config FILE` with a configuration file written
-from the shipped recipe: nothing a user could not set. This process never imports TensorFlow
-or PyTorch: every toolkit runs in its own subprocess and venv.
+from the shipped recipe: nothing a user could not set. `OUR_VARIANTS` (one-length batches,
+mixed bfloat16) are the recipe with one setting changed, as toolkits of their own in both.
+This process never imports TensorFlow or PyTorch: every toolkit runs in its own subprocess
+and venv.
 """
 
 import argparse
@@ -93,8 +95,11 @@ PEERS = {
 TOOLKITS = ("ours", *PEERS)
 # Our recipe with settings a user may change, measured for speed beside it: one-length
 # batches, as OpenNMT-tf's Transformer batches (length_bucket_width 1) and OpenNMT-py's
-# length-sorted pools come close to.
-OUR_VARIANTS = {"ours-bucket-width-1": {"train": {"bucket_width": 1}}}
+# length-sorted pools come close to; mixed bfloat16, which neither peer trains in on a CPU.
+OUR_VARIANTS = {
+    "ours-bucket-width-1": {"train": {"bucket_width": 1}},
+    "ours-mixed-bfloat16": {"train": {"precision": "mixed_bfloat16"}},
+}
 SPEED_TOOLKITS = ("ours", *OUR_VARIANTS, *PEERS)
 
 
@@ -658,12 +663,13 @@ def training_steps(root, family, toolkit, seconds, threads):
     return max(1, round(seconds * steady_steps_per_second(root, family, toolkit, threads)))
 
 
-def ours_quality(family, root, workdir, seconds, threads):
-    """Our recipe within a training-time budget (`train.time_budget_hours`), its epochs no
-    limit; then beam 5 on both splits."""
+def ours_quality(family, root, workdir, seconds, threads, variant=None):
+    """Our recipe (with `variant`'s settings) within a training-time budget
+    (`train.time_budget_hours`), its epochs no limit; then beam 5 on both splits."""
     if not (workdir / "model.keras").exists():
         config = ours_files(family, root, workdir, {
-            "train": {"time_budget_hours": seconds / 3600, "epochs": 1000}})  # fmt: skip
+            "train": {"time_budget_hours": seconds / 3600, "epochs": 1000,
+                      **OUR_VARIANTS.get(variant, {}).get("train", {})}})  # fmt: skip
         checked(pinned([sys.executable, "-m", "pipeline.train", "--config", config,
                         "--workdir", workdir], threads),
                 workdir / "train.log", env=our_environment())  # fmt: skip
@@ -757,6 +763,10 @@ QUALITY_RUNS = {"ours": ours_quality, "opennmt-tf": opennmt_tf_quality,
 QUALITY_RUNS.update({
     peer + FITTED: lambda *args, run=QUALITY_RUNS[peer]: run(*args, fitted=True)
     for peer in PEERS
+})  # fmt: skip
+QUALITY_RUNS.update({
+    variant: lambda *args, variant=variant: ours_quality(*args, variant=variant)
+    for variant in OUR_VARIANTS
 })  # fmt: skip
 QUALITY_TOOLKITS = tuple(QUALITY_RUNS)
 
