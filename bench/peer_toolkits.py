@@ -6,6 +6,8 @@ data, the same model, the same SentencePiece models, the same machine and the sa
                                           [--steps 300] [--window 50] [--toolkits T ...]
     python bench/peer_toolkits.py quality [--families F ...] [--minutes 30] [--threads 2]
                                           [--toolkits T ...]
+    python bench/peer_toolkits.py inference [--family F] [--sentences 1000] [--rounds 2]
+                                            [--threads 2] [--toolkits T ...]
     python bench/peer_toolkits.py report
 
 Everything lands in `--root` (default `runs/peer_toolkits/`): `venvs/` (each peer installed
@@ -30,6 +32,11 @@ is written in each toolkit's own configuration; where a toolkit cannot build a p
   checkpoint; ours: the recipe's), then translates test_2016_flickr and the validation set with
   beam 5; sacreBLEU (cased, lowercased) and chrF on the raw references. A finished run is
   skipped, so the command resumes where it stopped.
+- `inference`: the quality models translate the same test sentences at batch 1 and 64,
+  greedy and beam 5, the systems taking turns: ours in ONNX Runtime (float32 and int8), and
+  each toolkit's fastest deployment path: CTranslate2 for Transformers (ours exported, the
+  peers' converted by their own converters), OpenNMT-py's `onmt_translate` for its recurrent
+  models (CTranslate2 runs no RNN).
 
 Our side is always `python -m pipeline.train --config FILE` with a configuration file written
 from the shipped recipe: nothing a user could not set. `OUR_VARIANTS` (one-length batches,
@@ -48,6 +55,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -706,8 +714,6 @@ def opennmt_py_quality(family, root, workdir, seconds, threads, fitted=False):
     """`onmt_train` for the steps of `seconds` (its FAQ's schedule, or with `fitted`,
     `fitted_schedule`), then `onmt_translate` with its last checkpoint, beam 5, on
     SentencePiece pieces (decoded here)."""
-    import sentencepiece
-
     steps = training_steps(root, family, "opennmt-py", seconds, threads)
     config = opennmt_py_files(family, root, workdir, {
         "train_steps": steps, "report_every": 100, "valid_steps": 10 * steps,
@@ -719,20 +725,11 @@ def opennmt_py_quality(family, root, workdir, seconds, threads, fitted=False):
     if not checkpoint.exists():
         for command in opennmt_py_commands(root, config):
             checked(pinned(command, threads), workdir / "train.log", env=env)
-    models = vocabulary_models(family, root)
-    source_model = sentencepiece.SentencePieceProcessor(model_file=str(models["source"]))
-    target_model = sentencepiece.SentencePieceProcessor(model_file=str(models["target"]))
+    system = OpenNMTPySystem(root, checkpoint, vocabulary_models(family, root), threads,
+                             log=workdir / "translate.log")  # fmt: skip
     for split in ("valid", "test"):
         sources = data_paths(root)[split][SOURCE].read_text(encoding="utf-8").splitlines()
-        pieces, output = workdir / f"{split}.pieces", workdir / f"{split}.output_pieces"
-        pieces.write_text("".join(" ".join(source_model.encode(s, out_type=str)) + "\n"
-                                  for s in sources), encoding="utf-8")  # fmt: skip
-        translate = [PEERS["opennmt-py"].bin(root, "onmt_translate"), "-model", checkpoint,
-                     "-src", pieces, "-output", output, "-beam_size", BEAM_SIZE,
-                     "-batch_size", 32]  # fmt: skip
-        checked(pinned(translate, threads), workdir / "translate.log", env=env)
-        translations = [target_model.decode(line.split())
-                        for line in output.read_text(encoding="utf-8").splitlines()]  # fmt: skip
+        translations, _ = system.translate(sources, 32, BEAM_SIZE)
         workdir.joinpath(f"{split}.translations").write_text(
             "".join(t + "\n" for t in translations), encoding="utf-8"
         )
@@ -774,17 +771,29 @@ QUALITY_TOOLKITS = tuple(QUALITY_RUNS)
 # --- inference ---------------------------------------------------------------------------
 
 
+def our_export(family, root):
+    """Our quality model's export directory, exported once (`python -m export`): ONNX, and
+    CTranslate2 for the Transformer (CTranslate2 runs no recurrent model)."""
+    ours = root / "quality" / family.name / "ours"
+    formats = ["onnx", "ctranslate2"] if family is TRANSFORMER else ["onnx"]
+    if not all((ours / "export" / kind).exists() for kind in formats):
+        checked([sys.executable, "-m", "export", "--workdir", ours,
+                 "--formats", ",".join(formats)], ours / "export.log",
+                env=our_environment())  # fmt: skip
+    return ours / "export"
+
+
+def opennmt_py_checkpoint(workdir):
+    """The last checkpoint of an OpenNMT-py run, or None."""
+    checkpoints = list((workdir / "model").glob("model_step_*.pt"))
+    return max(checkpoints, key=lambda p: int(p.stem.rsplit("_", 1)[1]), default=None)
+
+
 def ctranslate2_models(family, root):
     """{system: CTranslate2 model directory}: ours (`python -m export --formats ctranslate2`)
     and each peer's quality model that was trained, converted by the peer's own converter."""
     quality_dir = root / "quality" / family.name
-    models = {}
-    ours = quality_dir / "ours"
-    if not (ours / "export" / "ctranslate2").exists():
-        checked([sys.executable, "-m", "export", "--workdir", ours,
-                 "--formats", "onnx,ctranslate2"], ours / "export.log",
-                env=our_environment())  # fmt: skip
-    models["ours"] = ours / "export" / "ctranslate2"
+    models = {"ours": our_export(family, root) / "ctranslate2"}
     for toolkit in QUALITY_TOOLKITS:
         workdir = quality_dir / toolkit
         if toolkit.startswith("opennmt-tf") and (workdir / "model" / "avg").exists():
@@ -795,10 +804,9 @@ def ctranslate2_models(family, root):
                                            workdir / "model.py", *task),
                         workdir / "export.log", env=environment("opennmt-tf", 2))  # fmt: skip
             models[toolkit] = workdir / "ctranslate2"
-        checkpoints = list((workdir / "model").glob("model_step_*.pt"))
-        if toolkit.startswith("opennmt-py") and checkpoints:
+        checkpoint = opennmt_py_checkpoint(workdir)
+        if toolkit.startswith("opennmt-py") and checkpoint:
             if not (workdir / "ctranslate2").exists():
-                checkpoint = max(checkpoints, key=lambda p: int(p.stem.rsplit("_", 1)[1]))
                 convert = [PEERS["opennmt-py"].bin(root, "ct2-opennmt-py-converter"),
                            "--model_path", checkpoint,
                            "--output_dir", workdir / "ctranslate2"]  # fmt: skip
@@ -821,11 +829,14 @@ class CTranslate2System:
         self.target = sentencepiece.SentencePieceProcessor(model_file=str(models["target"]))
 
     def translate(self, sentences, batch_size, beam_size):
+        """(translations, seconds)."""
+        started = time.perf_counter()
         results = self.translator.translate_batch(
             self.source.encode(sentences, out_type=str), max_batch_size=batch_size,
             beam_size=beam_size, max_decoding_length=256,
         )  # fmt: skip
-        return [self.target.decode_pieces(r.hypotheses[0]) for r in results]
+        translations = [self.target.decode_pieces(r.hypotheses[0]) for r in results]
+        return translations, time.perf_counter() - started
 
 
 class OnnxSystem:
@@ -840,9 +851,76 @@ class OnnxSystem:
         )
 
     def translate(self, sentences, batch_size, beam_size):
+        """(translations, seconds)."""
         if batch_size not in self.translators:
             self.translators[batch_size] = self.make(batch_size)
-        return self.translators[batch_size].translate(sentences, beam_size=beam_size)
+        started = time.perf_counter()
+        translations = self.translators[batch_size].translate(sentences, beam_size=beam_size)
+        return translations, time.perf_counter() - started
+
+
+class OpenNMTPySystem:
+    """OpenNMT-py's own `onmt_translate` on a checkpoint (its deployment path for a recurrent
+    model, which CTranslate2 cannot run), on SentencePiece pieces; the seconds are those it
+    reports for its translation loop (`-report_time`), without its start-up and loading.
+    `log`: a file its output is added to (default: none kept)."""
+
+    def __init__(self, root, checkpoint, models, threads, log=None):
+        import sentencepiece
+
+        self.root, self.checkpoint, self.threads, self.log = root, checkpoint, threads, log
+        self.source = sentencepiece.SentencePieceProcessor(model_file=str(models["source"]))
+        self.target = sentencepiece.SentencePieceProcessor(model_file=str(models["target"]))
+
+    def translate(self, sentences, batch_size, beam_size):
+        """(translations, seconds)."""
+        with tempfile.TemporaryDirectory() as scratch:
+            pieces, output = Path(scratch) / "src", Path(scratch) / "out"
+            pieces.write_text("".join(" ".join(self.source.encode(s, out_type=str)) + "\n"
+                                      for s in sentences), encoding="utf-8")  # fmt: skip
+            command = [PEERS["opennmt-py"].bin(self.root, "onmt_translate"), "-model",
+                       self.checkpoint, "-src", pieces, "-output", output, "-beam_size",
+                       beam_size, "-batch_size", batch_size, "-report_time"]  # fmt: skip
+            log = self.log or Path(scratch) / "log"
+            checked(pinned(command, self.threads), log,
+                    env=environment("opennmt-py", self.threads))  # fmt: skip
+            per_sentence_ms = re.findall(r"Average translation time \(ms\): ([\d.]+)",
+                                         log.read_text(encoding="utf-8"))  # fmt: skip
+            lines = output.read_text(encoding="utf-8").splitlines()
+            translations = [self.target.decode(line.split()) for line in lines]
+        return translations, float(per_sentence_ms[-1]) * len(sentences) / 1000
+
+
+def inference_systems(family, root, threads, toolkits=None):
+    """{name: system} of the family's quality models that were trained, by each toolkit's
+    fastest deployment path: ours in ONNX Runtime (float32, int8) and, for the Transformer,
+    every model through CTranslate2 (float32, int8); a recurrent OpenNMT-py model through its
+    own `onmt_translate`. `toolkits` (default: all) limits them to those toolkits' models."""
+
+    def wanted(toolkit):
+        return toolkits is None or toolkit in toolkits
+
+    models = vocabulary_models(family, root)
+    systems = {}
+    if wanted("ours"):
+        onnx = our_export(family, root) / "onnx"
+        systems["ours, ONNX Runtime float32"] = OnnxSystem(onnx, False, threads)
+        systems["ours, ONNX Runtime int8"] = OnnxSystem(onnx, True, threads)
+    if family is TRANSFORMER:
+        for toolkit, path in ctranslate2_models(family, root).items():
+            if wanted(toolkit):
+                for kind in ("float32", "int8"):
+                    systems[f"{toolkit}, CTranslate2 {kind}"] = CTranslate2System(
+                        path, models, kind, threads
+                    )
+        return systems
+    for toolkit in QUALITY_TOOLKITS:
+        checkpoint = opennmt_py_checkpoint(root / "quality" / family.name / toolkit)
+        if toolkit.startswith("opennmt-py") and checkpoint and wanted(toolkit):
+            systems[f"{toolkit}, onmt_translate"] = OpenNMTPySystem(
+                root, checkpoint, models, threads
+            )
+    return systems
 
 
 def inference(root, family, sentences_count, rounds, threads, toolkits=None):
@@ -851,20 +929,7 @@ def inference(root, family, sentences_count, rounds, threads, toolkits=None):
     `toolkits` (default: all) limits the systems to those toolkits' models; rows measured
     before for other systems are kept."""
     os.sched_setaffinity(0, range(threads))
-    ct2 = {toolkit: path for toolkit, path in ctranslate2_models(family, root).items()
-           if toolkits is None or toolkit in toolkits}  # fmt: skip
-    models = vocabulary_models(family, root)
-    systems = {
-        f"{toolkit}, CTranslate2 {kind}": CTranslate2System(path, models, kind, threads)
-        for toolkit, path in ct2.items() for kind in ("float32", "int8")
-    }  # fmt: skip
-    if "ours" in ct2:
-        onnx = ct2["ours"].parent / "onnx"
-        systems = {
-            "ours, ONNX Runtime float32": OnnxSystem(onnx, False, threads),
-            "ours, ONNX Runtime int8": OnnxSystem(onnx, True, threads),
-            **systems,
-        }
+    systems = inference_systems(family, root, threads, toolkits)
     keys = ["inference", family.name, f"{threads} threads"]
     kept = [row for row in load_results(root).get("inference", {}).get(family.name, {})
             .get(f"{threads} threads", []) if row["system"] not in systems]  # fmt: skip
@@ -878,9 +943,8 @@ def inference(root, family, sentences_count, rounds, threads, toolkits=None):
         for batch, beam in settings:
             for name, system in systems.items():
                 system.translate(sources[:batch], batch, beam)  # warm-up
-                started = time.perf_counter()
-                hypotheses = system.translate(sources, batch, beam)
-                rates[name, batch, beam].append(len(sources) / (time.perf_counter() - started))
+                hypotheses, seconds = system.translate(sources, batch, beam)
+                rates[name, batch, beam].append(len(sources) / seconds)
                 scores[name, batch, beam] = score_translations(hypotheses, references)
                 words[name, batch, beam] = sum(len(h.split()) for h in hypotheses) / len(hypotheses)
                 rows = [  # saved after each measurement: a stopped run keeps what it measured
@@ -966,7 +1030,7 @@ def main(argv=None):
                                 help=f"the order they train in ({FITTED}: the peer with our "
                                      "recipe's schedule, Transformer only)")  # fmt: skip
     inference_parser = sub.add_parser("inference", help="translation speed of quality's models")
-    inference_parser.add_argument("--family", default="transformer", choices=["transformer"])
+    inference_parser.add_argument("--family", default="transformer", choices=FAMILIES)
     inference_parser.add_argument("--sentences", type=int, default=1000)
     inference_parser.add_argument("--rounds", type=int, default=2)
     inference_parser.add_argument("--threads", type=int, default=2)
