@@ -62,9 +62,6 @@ def input_feeding_lstm_recurrence(
         # Two products, not a concatenation a step: [c; y] W_c = c W_c,c + y W_c,y.
         context_kernel, query_kernel = _attentional_kernels(w, values)
 
-        def new_arrays(count):
-            return [tf.TensorArray(dtype, size=length) for _ in range(count)]
-
         def step(t, hs, cs, feed, layer_arrays, attention_arrays):
             x_feed = feed if feed_mask is None else feed * feed_mask[t]
             below = None
@@ -79,12 +76,7 @@ def input_feeding_lstm_recurrence(
                 h, c, (i, f, g, o) = lstm_cell(z, cs[layer])
                 below = h + below if residual and layer > 0 else h
                 # Each gate in an array of its own: no concatenation here, no split backward.
-                new_layer_arrays.append(
-                    tuple(
-                        array.write(t, value)
-                        for array, value in zip(layer_arrays[layer], (i, f, g, o, c, h))
-                    )
-                )
+                new_layer_arrays.append(_write(layer_arrays[layer], t, (i, f, g, o, c, h)))
                 new_hs.append(h)
                 new_cs.append(c)
             query = below
@@ -94,19 +86,13 @@ def input_feeding_lstm_recurrence(
             attentional = tf.tanh(
                 tf.matmul(context, context_kernel) + tf.matmul(query, query_kernel)
             )
-            query_array, alpha_array, context_array, out_array = attention_arrays
             return (
                 t + 1,
                 tuple(new_hs),
                 tuple(new_cs),
                 attentional,
                 tuple(new_layer_arrays),
-                (
-                    query_array.write(t, query),
-                    alpha_array.write(t, alpha),
-                    context_array.write(t, context),
-                    out_array.write(t, attentional),
-                ),
+                _write(attention_arrays, t, (query, alpha, context, attentional)),
             )
 
         _, _, _, _, layer_arrays, attention_arrays = tf.while_loop(
@@ -117,8 +103,8 @@ def input_feeding_lstm_recurrence(
                 tuple(h0),
                 tuple(c0),
                 initial_feed,
-                tuple(tuple(new_arrays(6)) for _ in range(num_layers)),
-                tuple(new_arrays(4)),
+                tuple(_new_arrays(6, dtype, length) for _ in range(num_layers)),
+                _new_arrays(4, dtype, length),
             ),
         )
         layer_values = [[array.stack() for array in arrays] for arrays in layer_arrays]
@@ -140,6 +126,16 @@ def input_feeding_lstm_recurrence(
 def _attentional_kernels(w, values):
     """W_c's rows for the context and for the query."""
     return tf.split(w["attentional"], [values.shape[-1], -1], axis=0)
+
+
+def _new_arrays(count, dtype, length):
+    """`count` empty `TensorArray`s of `length` elements."""
+    return tuple(tf.TensorArray(dtype, size=length) for _ in range(count))
+
+
+def _write(arrays, t, values):
+    """`arrays` with each of `values` written at step `t`."""
+    return tuple(array.write(t, value) for array, value in zip(arrays, values))
 
 
 def _previous(initial, values):
@@ -206,22 +202,14 @@ def _backward(
                 if feed_mask is not None:
                     d_feed = d_feed * feed_mask[t]
         new_gate_arrays.reverse()
-        pre_array, scores_array, context_array = attention_arrays
         return (
             i + 1,
             tuple(new_d_hs),
             tuple(new_d_cs),
             d_feed,
             tuple(new_gate_arrays),
-            (
-                pre_array.write(t, d_pre),
-                scores_array.write(t, d_scores),
-                context_array.write(t, d_context),
-            ),
+            _write(attention_arrays, t, (d_pre, d_scores, d_context)),
         )
-
-    def new_array():
-        return tf.TensorArray(dtype, size=length)
 
     _, d_h0, d_c0, d_feed0, gate_arrays, attention_arrays = tf.while_loop(
         lambda i, *_: i < length,
@@ -231,8 +219,8 @@ def _backward(
             tuple(tf.zeros_like(h) for h in h0),
             tuple(tf.zeros_like(c) for c in c0),
             tf.zeros_like(initial_feed),
-            tuple(new_array() for _ in range(num_layers)),
-            (new_array(), new_array(), new_array()),
+            _new_arrays(num_layers, dtype, length),
+            _new_arrays(3, dtype, length),
         ),
     )
     d_zs = [array.stack() for array in gate_arrays]
