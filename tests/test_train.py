@@ -9,6 +9,7 @@ import sys
 from collections import Counter
 
 import keras
+import numpy as np
 import pytest
 import tensorflow as tf
 import yaml
@@ -412,3 +413,20 @@ def test_callbacks_run_in_the_declared_order_and_an_undeclared_one_is_refused():
     assert [type(callback) for callback in ordered] == list(training_callbacks.ORDER)
     with pytest.raises(TypeError, match="LambdaCallback has no place in callbacks.ORDER"):
         training_callbacks.in_order([keras.callbacks.LambdaCallback()])
+
+
+def test_init_uniform_draws_every_trainable_weight_from_its_range():
+    """`train.init_uniform`: each weight uniform in [-x, x] (mean 0, variance x^2 / 3), the
+    same draw for the same seed."""
+
+    def drawn(seed):
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(64), keras.layers.Dense(8)])
+        trainer._initialise_uniformly(model, 0.1, seed)
+        return [weight.numpy() for weight in model.trainable_weights]
+
+    weights = drawn(7)
+    values = np.concatenate([weight.ravel() for weight in weights])
+    assert np.abs(values).max() <= 0.1
+    assert abs(values.mean()) < 0.01 and abs(values.var() - 0.01 / 3) < 0.0005
+    assert not np.allclose(weights[0][:, 0], weights[0][:, 1])
+    assert all(np.array_equal(a, b) for a, b in zip(weights, drawn(7), strict=True))

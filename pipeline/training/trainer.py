@@ -143,6 +143,13 @@ def _initialise_from(model, init_from, log):
     log(f"Initialised from {init_from / MODEL_FILE} (fine-tuning: fresh optimizer and schedule)")
 
 
+def _initialise_uniformly(model, limit, seed):
+    """Every trainable weight of `model` drawn from U(-limit, limit), seeded."""
+    seeds = keras.random.SeedGenerator(seed)
+    for weight in model.trainable_weights:
+        weight.assign(keras.random.uniform(weight.shape, -limit, limit, weight.dtype, seeds))
+
+
 def run(config, workdir, log=print, init_from=None):
     """Trains (or resumes) the model of `config` in `workdir`; returns the Keras history.
     With `init_from` (a trained work directory), a run that has no checkpoint yet starts
@@ -256,6 +263,9 @@ class TrainingRun:
                 self.log(f"{self.restored}: holds no training time; counted from this command")
         if self.init_from and self.task.is_chief and not self.restored:
             _initialise_from(self.model, self.init_from, self.log)
+        elif self.train["init_uniform"] is not None and not self.restored:
+            _initialise_uniformly(self.model, self.train["init_uniform"], self.train["seed"])
+            self.log(f"Weights drawn uniformly from ±{self.train['init_uniform']:g}")
         take_chiefs_state(
             self.strategy, [*self.model.weights, *self.optimizer.variables, *self.state.variables],
             self.task.is_chief,
