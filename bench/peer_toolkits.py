@@ -40,7 +40,8 @@ is written in each toolkit's own configuration; where a toolkit cannot build a p
 
 Our side is always `python -m pipeline.train --config FILE` with a configuration file written
 from the shipped recipe: nothing a user could not set. `OUR_VARIANTS` (one-length batches,
-mixed bfloat16) are the recipe with one setting changed, as toolkits of their own in both.
+mixed bfloat16, Luong et al.'s uniform initialisation) are the recipe with one setting
+changed, as toolkits of their own in both.
 This process never imports TensorFlow or PyTorch: every toolkit runs in its own subprocess
 and venv.
 """
@@ -107,6 +108,7 @@ TOOLKITS = ("ours", *PEERS)
 OUR_VARIANTS = {
     "ours-bucket-width-1": {"train": {"bucket_width": 1}},
     "ours-mixed-bfloat16": {"train": {"precision": "mixed_bfloat16"}},
+    "ours-init-uniform": {"train": {"init_uniform": 0.1}},
 }
 SPEED_TOOLKITS = ("ours", *OUR_VARIANTS, *PEERS)
 
