@@ -3,6 +3,11 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+# Each pytest-xdist worker's TensorFlow, and the commands its tests start, on its share of
+# the CPUs: workers whose thread pools each span every CPU stall each other's small ops.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    share = len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", str(max(1, share)))
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
