@@ -123,9 +123,9 @@ SCHEMA = {
                                        "the corpus' lines)"),
         "seed": Field(int, 1234, "seed of the initial weights, dropout, the training data's "
                       "shuffling and mixing, and the vocabulary sample"),
-        "init_uniform": Field(float, None, "a new run's trainable weights drawn uniformly from "
-                              "[-x, x], as Luong et al. (2015) did (null: each layer's own "
-                              "initialiser)", minimum=0.0, nullable=True),
+        "init_uniform": Field(float, None, "a new run's weights drawn from U(-x, x), as Luong "
+                              "et al. (2015) did (null: each layer's initialiser)", minimum=0.0,
+                              nullable=True),
         "learning_rate": Field(float, 1e-3, "the peak learning rate of Adam's schedule (times "
                                "the replicas with distribute.scale_learning_rate)", minimum=0.0),
         "lr_schedule": Field(str, "constant", "decay after the warm-up: none, sqrt(warmup_steps "
