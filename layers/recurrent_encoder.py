@@ -28,6 +28,8 @@ class RecurrentEncoder(keras.layers.Layer):
         bidirectional: run every layer in both directions.
         merge_mode: how the two directions' outputs and states are combined, "concat" or "sum".
         dropout: dropout rate on the input of every layer and on the final outputs.
+        output_dropout: dropout rate on the final outputs only (None: `dropout`); 0 leaves
+            the attention's memory undropped, as OpenNMT-py's RNN encoder does.
         residual: add each layer's input to its output, from the second layer on.
         reverse_source: feed the source tokens in reverse order (Sutskever et al., 2014). Only
             the order of the recurrence changes: outputs are returned in source order, so
@@ -55,6 +57,7 @@ class RecurrentEncoder(keras.layers.Layer):
         bidirectional=False,
         merge_mode="concat",
         dropout=0.0,
+        output_dropout=None,
         residual=False,
         reverse_source=False,
         pad_id=PAD_ID,
@@ -73,12 +76,22 @@ class RecurrentEncoder(keras.layers.Layer):
         self.bidirectional = bool(bidirectional)
         self.merge_mode = merge_mode
         self.dropout_rate = float(dropout)
+        self.output_dropout_rate = (
+            self.dropout_rate if output_dropout is None else float(output_dropout)
+        )
         self.residual = bool(residual)
         self.reverse_source = bool(reverse_source)
         self.pad_id = int(pad_id)
 
         self.embedding = token_embedding(vocab_size, embedding_dim)
         self.dropout = keras.layers.Dropout(self.dropout_rate)
+        # Its own layer only at its own rate: a dropout's seed state is a variable, and models
+        # saved without one must still load.
+        self.output_dropout = (
+            self.dropout
+            if self.output_dropout_rate == self.dropout_rate
+            else keras.layers.Dropout(self.output_dropout_rate)
+        )
         self.recurrent_layers = []
         for i in range(self.num_layers):
             layer = recurrent_layer(self.cell_type, self.units, name=f"layer_{i}")
@@ -134,7 +147,7 @@ class RecurrentEncoder(keras.layers.Layer):
             )
             x = outputs + x if self.residual and i > 0 else outputs
             final_states.append(states)
-        outputs = self.dropout(x, training=training)
+        outputs = self.output_dropout(x, training=training)
         if self.reverse_source:
             outputs = reverse_padded(outputs, lengths)
         return outputs, tuple(final_states), mask
@@ -160,6 +173,7 @@ class RecurrentEncoder(keras.layers.Layer):
             bidirectional=self.bidirectional,
             merge_mode=self.merge_mode,
             dropout=self.dropout_rate,
+            output_dropout=self.output_dropout_rate,
             residual=self.residual,
             reverse_source=self.reverse_source,
             pad_id=self.pad_id,

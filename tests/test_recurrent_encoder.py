@@ -70,6 +70,19 @@ def test_residual_and_dropout():
     assert not np.allclose(encoder(SOURCE, training=True)[0], inference)
 
 
+def test_output_dropout_drops_the_outputs_at_its_own_rate_and_nothing_else():
+    encoder = layers.RecurrentEncoder(20, 4, 64, bidirectional=True, output_dropout=0.5)
+    inference, inference_states, mask = encoder(SOURCE, training=False)
+    training, training_states, _ = encoder(SOURCE, training=True)
+    kept = np.asarray(training) != 0
+    assert 0.4 < kept[np.asarray(mask)].mean() < 0.6
+    np.testing.assert_allclose(np.asarray(training)[kept], 2 * np.asarray(inference)[kept], 1e-5)
+    for inference_state, training_state in zip(inference_states[0], training_states[0]):
+        np.testing.assert_allclose(training_state, inference_state, atol=1e-6)  # inputs kept
+    assert layers.RecurrentEncoder.from_config(encoder.get_config()).output_dropout_rate == 0.5
+    assert layers.RecurrentEncoder(20, 4, 6, dropout=0.3).output_dropout_rate == 0.3
+
+
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="cell_type"):
         layers.RecurrentEncoder(20, 4, 6, cell_type="transformer")

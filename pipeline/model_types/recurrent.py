@@ -2,7 +2,7 @@
 Luong et al. (2015)."""
 
 from pipeline.core.errors import UserError
-from pipeline.core.fields import Field, positive_int
+from pipeline.core.fields import Field, positive_int, rate
 from pipeline.model_types.model_type import ModelType
 
 ATTENTIONS = (
@@ -19,6 +19,8 @@ KEYS = {
                         "outputs and states", choices=("concat", "sum")),
     "reverse_source": Field(bool, False, "feed the encoder the source reversed (Sutskever et al., "
                             "2014); its outputs stay in source order"),
+    "encoder_output_dropout": rate(None, "dropout rate on the encoder's outputs, the attention's "
+                                   "memory (null: model.dropout's)", nullable=True),
     "residual": Field(bool, False, "residual connections: each stacked layer's input added to "
                       "its output, from the second layer on"),
     "decoder_units": positive_int(512, "units of each decoder layer"),
@@ -127,6 +129,7 @@ def build(config, source_vocab_size, target_vocab_size, for_training):
         bidirectional=model_config["bidirectional"],
         merge_mode=model_config["merge_mode"],
         dropout=model_config["dropout"],
+        output_dropout=model_config["encoder_output_dropout"],
         residual=model_config["residual"],
         reverse_source=model_config["reverse_source"],
         name="encoder",
