@@ -773,10 +773,11 @@ QUALITY_TOOLKITS = tuple(QUALITY_RUNS)
 # --- inference ---------------------------------------------------------------------------
 
 
-def our_export(family, root):
-    """Our quality model's export directory, exported once (`python -m export`): ONNX, and
-    CTranslate2 for the Transformer (CTranslate2 runs no recurrent model)."""
-    ours = root / "quality" / family.name / "ours"
+def our_export(family, root, toolkit="ours"):
+    """The export directory of our quality model (`toolkit`: ours or one of `OUR_VARIANTS`),
+    exported once (`python -m export`): ONNX, and CTranslate2 for the Transformer
+    (CTranslate2 runs no recurrent model)."""
+    ours = root / "quality" / family.name / toolkit
     formats = ["onnx", "ctranslate2"] if family is TRANSFORMER else ["onnx"]
     if not all((ours / "export" / kind).exists() for kind in formats):
         checked([sys.executable, "-m", "export", "--workdir", ours,
@@ -895,19 +896,22 @@ class OpenNMTPySystem:
 
 def inference_systems(family, root, threads, toolkits=None):
     """{name: system} of the family's quality models that were trained, by each toolkit's
-    fastest deployment path: ours in ONNX Runtime (float32, int8) and, for the Transformer,
-    every model through CTranslate2 (float32, int8); a recurrent OpenNMT-py model through its
-    own `onmt_translate`. `toolkits` (default: all) limits them to those toolkits' models."""
+    fastest deployment path: ours and our variants' in ONNX Runtime (float32, int8) and, for
+    the Transformer, every model through CTranslate2 (float32, int8); a recurrent OpenNMT-py
+    model through its own `onmt_translate`. `toolkits` (default: all) limits them to those
+    toolkits' models."""
 
     def wanted(toolkit):
         return toolkits is None or toolkit in toolkits
 
     models = vocabulary_models(family, root)
     systems = {}
-    if wanted("ours"):
-        onnx = our_export(family, root) / "onnx"
-        systems["ours, ONNX Runtime float32"] = OnnxSystem(onnx, False, threads)
-        systems["ours, ONNX Runtime int8"] = OnnxSystem(onnx, True, threads)
+    for toolkit in ("ours", *OUR_VARIANTS):
+        trained = (root / "quality" / family.name / toolkit / "model.keras").exists()
+        if wanted(toolkit) and trained:
+            onnx = our_export(family, root, toolkit) / "onnx"
+            systems[f"{toolkit}, ONNX Runtime float32"] = OnnxSystem(onnx, False, threads)
+            systems[f"{toolkit}, ONNX Runtime int8"] = OnnxSystem(onnx, True, threads)
     if family is TRANSFORMER:
         for toolkit, path in ctranslate2_models(family, root).items():
             if wanted(toolkit):
