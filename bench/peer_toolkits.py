@@ -104,7 +104,9 @@ PEERS = {
 TOOLKITS = ("ours", *PEERS)
 # Our recipe with settings a user may change, measured for speed beside it: one-length
 # batches, as OpenNMT-tf's Transformer batches (length_bucket_width 1) and OpenNMT-py's
-# length-sorted pools come close to; mixed bfloat16, which neither peer trains in on a CPU.
+# length-sorted pools come close to; mixed bfloat16, which neither peer trains in on a CPU;
+# Luong et al.'s uniform initialisation, which configs/default.yaml (so both recurrent
+# families' `ours`) has set since 2026-11-28: the name repeats the runs recorded with it.
 OUR_VARIANTS = {
     "ours-bucket-width-1": {"train": {"bucket_width": 1}},
     "ours-mixed-bfloat16": {"train": {"precision": "mixed_bfloat16"}},

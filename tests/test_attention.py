@@ -247,6 +247,7 @@ RECIPE_ATTENTIONS = {
 def test_the_default_models_attention_starts_spread_out(name):
     from pipeline.config import PROJECT_ROOT, load_config
     from pipeline.model_types.builder import build_model
+    from pipeline.training.trainer import _initialise_uniformly
 
     overrides = [f"model.attention={name.removesuffix('_normalized')}", *RECIPE_ATTENTIONS[name]]
     config = load_config(PROJECT_ROOT / "configs" / "default.yaml", overrides)
@@ -256,9 +257,14 @@ def test_the_default_models_attention_starts_spread_out(name):
         "source_ids": rng.integers(4, 4000, size=(8, 20)).astype("int32"),
         "target_input_ids": rng.integers(4, 4000, size=(8, 12)).astype("int32"),
     }
-    _, weights = model.forward(inputs, training=False)
-    weights = weights.numpy().astype("float64")
-    entropy = -(weights * np.log(np.maximum(weights, 1e-30))).sum(-1) / math.log(20)
-    # Scores of unit variance (the scaled dot product's design point, which QK-norm starts at)
-    # give 0.87 of uniform over 20 positions; the unscaled Luong scores that went one-hot, 0.65.
-    assert entropy.mean() > 0.85, f"{name}: attention entropy {entropy.mean():.2f} of uniform"
+    # Both starts: the layers' own initialisers, then the recipe's uniform draw over them.
+    for start in ("the layers' initialisers", "train.init_uniform"):
+        if start == "train.init_uniform":
+            _initialise_uniformly(model, config["train"]["init_uniform"], config["train"]["seed"])
+        _, weights = model.forward(inputs, training=False)
+        weights = weights.numpy().astype("float64")
+        entropy = -(weights * np.log(np.maximum(weights, 1e-30))).sum(-1) / math.log(20)
+        # Scores of unit variance (the scaled dot product's design point, which QK-norm starts
+        # at) give 0.87 of uniform over 20 positions; the unscaled Luong scores that went
+        # one-hot, 0.65.
+        assert entropy.mean() > 0.85, f"{name}, {start}: entropy {entropy.mean():.2f} of uniform"
