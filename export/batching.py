@@ -50,6 +50,10 @@ class QueueFull(Exception):
     """The queue holds `queue_capacity` sentences already."""
 
 
+class QueueClosed(QueueFull):
+    """The queue takes no more submissions: it is closing."""
+
+
 class _Request:
     """One submission: its results fill in as its sentences' batches finish."""
 
@@ -111,7 +115,8 @@ class BatchQueue:
 
     def submit(self, key, items, lengths):
         """A `Future` of the results of `items` (in order), batched with waiting items of the
-        same `key` by their `lengths`; `QueueFull` when they do not fit in the queue."""
+        same `key` by their `lengths`; `QueueFull` when they do not fit in the queue,
+        `QueueClosed` once it is closing."""
         return self._enqueue(key, items, lengths, [1] * len(items), alone=False)
 
     def submit_alone(self, item, sentences):
@@ -126,7 +131,7 @@ class BatchQueue:
             return request.future
         with self._ready:
             if self._closing:
-                raise QueueFull("the server is stopping")
+                raise QueueClosed("the server is stopping")
             total = sum(weights)
             if self._queued_sentences + total > self.parameters.queue_capacity:
                 raise QueueFull(f"the queue is full ({self._queued_sentences} sentences "

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from export import rest_api
-from export.batching import BatchingParameters, BatchQueue, QueueFull
+from export.batching import BatchingParameters, BatchQueue, QueueClosed, QueueFull
 from export.model_versions import ModelVersions
 from export.rest_api import BAD_REQUEST, NOT_FOUND, TOO_LARGE, UNAVAILABLE, RequestError
 from export.signature import (
@@ -217,6 +217,17 @@ def create_app(export_dir, model_name=DEFAULT_MODEL_NAME, parameters=None, limit
                                f"Specific({name}, {version})")  # fmt: skip
         return current
 
+    def submit(request, prediction):
+        """`prediction` submitted to the version served now. A version swapped out after the
+        lookup closes its queue; the request then goes to the version that replaced it."""
+        while True:
+            version = served(request)
+            try:
+                return version.model.submit(prediction)
+            except QueueClosed:
+                if versions.served is version:  # no successor: the server is stopping
+                    raise
+
     def error(status, message):
         return JSONResponse({"error": message}, status_code=status)
 
@@ -237,14 +248,14 @@ def create_app(export_dir, model_name=DEFAULT_MODEL_NAME, parameters=None, limit
     async def predict(request):
         started, signature = time.perf_counter(), ""
         try:
-            version = served(request)
+            served(request)  # an unknown model or version: 404 before the body is read
             prediction = rest_api.parse_predict(await read_body(request))
             signature = prediction.signature
             if prediction.rows > limits.max_sentences_per_request:
                 raise RequestError(BAD_REQUEST, f"{prediction.rows} sentences in one request; "
                                    f"the most is {limits.max_sentences_per_request}")  # fmt: skip
             try:
-                future = version.model.submit(prediction)
+                future = submit(request, prediction)
             except QueueFull as full:
                 raise RequestError(UNAVAILABLE, str(full)) from None
             results = await asyncio.wrap_future(future)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from export import client
-from export.batching import BatchingParameters, BatchQueue, QueueFull
+from export.batching import BatchingParameters, BatchQueue, QueueClosed, QueueFull
 from export.rest_api import RequestError, parse_predict
 from export.runtime import OnnxTranslator
 from export.signature import BEAM_SEARCH, SEARCH_OUTPUTS, SIGNATURES, WITH_PREFIX
@@ -400,7 +400,7 @@ def test_the_batch_queue_refuses_past_its_bound_and_passes_errors_to_their_reque
         first.result(10)
     assert waiting.result(10) == ["a", "b"]
     queue.close()
-    with pytest.raises(QueueFull, match="stopping"):
+    with pytest.raises(QueueClosed, match="stopping"):  # a QueueFull: 503 to a client
         queue.submit("k", ["d"], [1])
 
 
