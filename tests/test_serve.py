@@ -28,7 +28,8 @@ MODEL = "translator"
 
 
 class Server:
-    """`python -m export.serve BASE --port P ARGS...`, ready when it answers."""
+    """`python -m export.serve BASE --port P ARGS...`, ready when it answers; as a context
+    manager, stopped on the way out whatever happened inside."""
 
     def __init__(self, base, *args, model_name=MODEL):
         self.port = free_port()
@@ -48,16 +49,30 @@ class Server:
                     return
             except OSError:
                 time.sleep(0.2)
-        pytest.fail("the server did not answer within 120 s")
+        self.process.kill()
+        pytest.fail(f"the server did not answer within 120 s: {self.process.communicate()[0]}")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.stop()
 
     def predict(self, body, version=None):
         where = self.model_url + (f"/versions/{version}" if version else "") + ":predict"
         return post(where, body)
 
     def stop(self):
+        """(exit status, output) after SIGTERM; a server still running 60 s later is killed
+        and the test fails, so that no server outlives its test."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(60), self.process.stdout.read()
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            pytest.fail(f"SIGTERM did not stop the server: {self.process.communicate()[0]}")
+        return self.process.returncode, self.process.stdout.read()
 
 
 def post(url, body):
@@ -91,9 +106,8 @@ def offline(export_dir):
 
 @pytest.fixture(scope="module")
 def server(export_dir):
-    running = Server(export_dir)
-    yield running
-    running.stop()
+    with Server(export_dir) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
@@ -288,52 +302,48 @@ def test_a_new_version_is_served_while_requests_go_on_and_sigterm_finishes_them(
     export_dir, offline, sentences, tmp_path
 ):
     copy_version(export_dir, tmp_path, 1)
-    server = Server(tmp_path)
-    expected, _ = offline_text(offline, sentences[:4])
-    answers, stop = [], threading.Event()
+    with Server(tmp_path) as server:
+        expected, _ = offline_text(offline, sentences[:4])
+        answers, stop = [], threading.Event()
 
-    def keep_asking():
-        while not stop.is_set():
-            answers.append(server.predict({"instances": sentences[:4]}))
+        def keep_asking():
+            while not stop.is_set():
+                answers.append(server.predict({"instances": sentences[:4]}))
 
-    asking = threading.Thread(target=keep_asking)
-    asking.start()
-    try:
-        copy_version(export_dir, tmp_path, 2)
-        deadline = time.monotonic() + 60
-        while get(server.model_url)[1]["model_version_status"][0]["version"] != "2":
-            assert time.monotonic() < deadline, "version 2 was not picked up"
-            time.sleep(0.1)
-        assert server.predict({"instances": sentences[:1]}, version=2)[0] == 200
-        assert server.predict({"instances": sentences[:1]}, version=1)[0] == 404
-    finally:
-        stop.set()
-        asking.join()
-    assert answers and all(status == 200 for status, _ in answers)
-    assert all([p["translations"] for p in a["predictions"]] == expected for _, a in answers)
-    # SIGTERM while a long request is being translated: it is answered, then the server exits.
-    slow = ThreadPoolExecutor(1).submit(
-        server.predict, {"signature_name": BEAM_SEARCH, "inputs": {
-            "source_ids": offline._padded(offline.encode(sentences * 4)).tolist(),
-            "beam_size": 8}})  # fmt: skip
-    time.sleep(0.5)
-    returncode, output = server.stop()
-    assert slow.result()[0] == 200
-    assert returncode in (0, -signal.SIGTERM), output  # uvicorn re-raises it once it is done
-    assert "Serving version 2" in output
+        asking = threading.Thread(target=keep_asking)
+        asking.start()
+        try:
+            copy_version(export_dir, tmp_path, 2)
+            deadline = time.monotonic() + 60
+            while get(server.model_url)[1]["model_version_status"][0]["version"] != "2":
+                assert time.monotonic() < deadline, "version 2 was not picked up"
+                time.sleep(0.1)
+            assert server.predict({"instances": sentences[:1]}, version=2)[0] == 200
+            assert server.predict({"instances": sentences[:1]}, version=1)[0] == 404
+        finally:
+            stop.set()
+            asking.join()
+        assert answers and all(status == 200 for status, _ in answers)
+        assert all([p["translations"] for p in a["predictions"]] == expected for _, a in answers)
+        # SIGTERM while a long request is being translated: it is answered, then the server exits.
+        slow = ThreadPoolExecutor(1).submit(
+            server.predict, {"signature_name": BEAM_SEARCH, "inputs": {
+                "source_ids": offline._padded(offline.encode(sentences * 4)).tolist(),
+                "beam_size": 8}})  # fmt: skip
+        time.sleep(0.5)
+        returncode, output = server.stop()
+        assert slow.result()[0] == 200
+        assert returncode in (0, -signal.SIGTERM), output  # uvicorn re-raises it once it is done
+        assert "Serving version 2" in output
 
 
 def test_a_full_queue_answers_503_at_once_and_search_flags_set_the_text_search(
     export_dir, offline, sentences
 ):
-    server = Server(export_dir, "--max-batch-size", 1, "--max-enqueued-batches", 1,
-                    "--max-sentences-per-request", 1, "--beam-size", 1)  # fmt: skip
-    try:
-        with ThreadPoolExecutor(12) as pool:
-            answers = list(pool.map(
-                lambda s: server.predict({"instances": [s]}), sentences[:12]))  # fmt: skip
-    finally:
-        server.stop()
+    with Server(export_dir, "--max-batch-size", 1, "--max-enqueued-batches", 1,
+                "--max-sentences-per-request", 1, "--beam-size", 1) as server, \
+            ThreadPoolExecutor(12) as pool:  # fmt: skip
+        answers = list(pool.map(lambda s: server.predict({"instances": [s]}), sentences[:12]))
     refused = [a for status, a in answers if status == 503]
     assert refused and all("queue is full" in a["error"] for a in refused)
     expected, _ = offline_text(offline, sentences[:12], beam_size=1)
