@@ -907,12 +907,44 @@ class OpenNMTPySystem:
         return translations, float(per_sentence_ms[-1]) * len(sentences) / 1000
 
 
+class OpenNMTTfSystem:
+    """OpenNMT-tf's own `infer` on the averaged checkpoint of a quality run (its deployment
+    path for a recurrent model, which CTranslate2 cannot run); the seconds are those it
+    reports for its prediction loop (`--log_prediction_time`), without its start-up and
+    loading but with the tracing of its graph at the first batch."""
+
+    def __init__(self, root, workdir, threads):
+        self.root, self.workdir, self.threads = root, workdir, threads
+
+    def translate(self, sentences, batch_size, beam_size):
+        """(translations, seconds)."""
+        with tempfile.TemporaryDirectory() as scratch:
+            source, output = Path(scratch) / "src", Path(scratch) / "out"
+            source.write_text("".join(s + "\n" for s in sentences), encoding="utf-8")
+            search = write_yaml(
+                Path(scratch) / "search.yml",
+                {"params": {"beam_width": beam_size}, "infer": {"batch_size": batch_size}},
+            )
+            command = [PEERS["opennmt-tf"].bin(self.root, "onmt-main"), "--config",
+                       self.workdir / "data.yml", search, "--auto_config", "--model",
+                       self.workdir / "model.py", "--checkpoint_path",
+                       self.workdir / "model" / "avg", "infer", "--features_file", source,
+                       "--predictions_file", output, "--log_prediction_time"]  # fmt: skip
+            log = Path(scratch) / "log"
+            checked(pinned(command, self.threads), log,
+                    env=environment("opennmt-tf", self.threads))  # fmt: skip
+            seconds = re.findall(r"Total prediction time \(s\): ([\d.]+)",
+                                 log.read_text(encoding="utf-8"))  # fmt: skip
+            translations = output.read_text(encoding="utf-8").splitlines()
+        return translations, float(seconds[-1])
+
+
 def inference_systems(family, root, threads, toolkits=None):
     """{name: system} of the family's quality models that were trained, by each toolkit's
     fastest deployment path: ours and our variants' in ONNX Runtime (float32, int8) and, for
     the Transformer, every model through CTranslate2 (float32, int8); a recurrent OpenNMT-py
-    model through its own `onmt_translate`. `toolkits` (default: all) limits them to those
-    toolkits' models."""
+    model through its own `onmt_translate`, a recurrent OpenNMT-tf model through its own
+    `infer`. `toolkits` (default: all) limits them to those toolkits' models."""
 
     def wanted(toolkit):
         return toolkits is None or toolkit in toolkits
@@ -934,11 +966,15 @@ def inference_systems(family, root, threads, toolkits=None):
                     )
         return systems
     for toolkit in QUALITY_TOOLKITS:
-        checkpoint = opennmt_py_checkpoint(root / "quality" / family.name / toolkit)
+        workdir = root / "quality" / family.name / toolkit
+        checkpoint = opennmt_py_checkpoint(workdir)
         if toolkit.startswith("opennmt-py") and checkpoint and wanted(toolkit):
             systems[f"{toolkit}, onmt_translate"] = OpenNMTPySystem(
                 root, checkpoint, models, threads
             )
+        averaged = (workdir / "model" / "avg").is_dir()
+        if toolkit.startswith("opennmt-tf") and averaged and wanted(toolkit):
+            systems[f"{toolkit}, infer"] = OpenNMTTfSystem(root, workdir, threads)
     return systems
 
 
