@@ -702,7 +702,7 @@ def opennmt_tf_quality(family, root, workdir, seconds, threads, fitted=False):
         "save_checkpoints_steps": max(1, steps // QUALITY_CHECKPOINTS)},
         fitted_schedule(family, "opennmt-tf") if fitted else {})  # fmt: skip
     env = environment("opennmt-tf", threads)
-    average = workdir / "model" / "avg"
+    average = opennmt_tf_average(workdir)
     if not average.exists():
         checked(pinned(opennmt_tf_command(root, workdir, config, model, "train"), threads),
                 workdir / "train.log", env=env)  # fmt: skip
@@ -799,6 +799,11 @@ def our_export(family, root, toolkit="ours"):
     return ours / "export"
 
 
+def opennmt_tf_average(workdir):
+    """Where an OpenNMT-tf run keeps the mean of its last checkpoints."""
+    return workdir / "model" / "avg"
+
+
 def opennmt_py_checkpoint(workdir):
     """The last checkpoint of an OpenNMT-py run, or None."""
     checkpoints = list((workdir / "model").glob("model_step_*.pt"))
@@ -812,9 +817,9 @@ def ctranslate2_models(family, root):
     models = {"ours": our_export(family, root) / "ctranslate2"}
     for toolkit in QUALITY_TOOLKITS:
         workdir = quality_dir / toolkit
-        if toolkit.startswith("opennmt-tf") and (workdir / "model" / "avg").exists():
+        if toolkit.startswith("opennmt-tf") and opennmt_tf_average(workdir).exists():
             if not (workdir / "ctranslate2").exists():
-                task = ["--checkpoint_path", workdir / "model" / "avg", "export", "--output_dir",
+                task = ["--checkpoint_path", opennmt_tf_average(workdir), "export", "--output_dir",
                         workdir / "ctranslate2", "--format", "ctranslate2"]  # fmt: skip
                 checked(opennmt_tf_command(root, workdir, workdir / "data.yml",
                                            workdir / "model.py", *task),
@@ -928,7 +933,7 @@ class OpenNMTTfSystem:
             command = [PEERS["opennmt-tf"].bin(self.root, "onmt-main"), "--config",
                        self.workdir / "data.yml", search, "--auto_config", "--model",
                        self.workdir / "model.py", "--checkpoint_path",
-                       self.workdir / "model" / "avg", "infer", "--features_file", source,
+                       opennmt_tf_average(self.workdir), "infer", "--features_file", source,
                        "--predictions_file", output, "--log_prediction_time"]  # fmt: skip
             log = Path(scratch) / "log"
             checked(pinned(command, self.threads), log,
@@ -972,7 +977,7 @@ def inference_systems(family, root, threads, toolkits=None):
             systems[f"{toolkit}, onmt_translate"] = OpenNMTPySystem(
                 root, checkpoint, models, threads
             )
-        averaged = (workdir / "model" / "avg").is_dir()
+        averaged = opennmt_tf_average(workdir).is_dir()
         if toolkit.startswith("opennmt-tf") and averaged and wanted(toolkit):
             systems[f"{toolkit}, infer"] = OpenNMTTfSystem(root, workdir, threads)
     return systems
