@@ -14,6 +14,7 @@ from layers.recurrent_layers import (
     states_per_layer,
     token_embedding,
 )
+from layers.sixteen_bit_dropout import SixteenBitDropout, sixteen_bit_dropout
 
 
 @keras.saving.register_keras_serializable(package="seq2seq")
@@ -93,7 +94,7 @@ class AttentionDecoder(keras.layers.Layer):
         self.residual = bool(residual)
 
         self.embedding = token_embedding(vocab_size, embedding_dim)
-        self.dropout = keras.layers.Dropout(self.dropout_rate)
+        self.dropout = SixteenBitDropout(self.dropout_rate)
         self.recurrent_layers = [
             recurrent_layer(self.cell_type, self.units, name=f"layer_{i}")
             for i in range(self.num_layers)
@@ -263,8 +264,7 @@ class AttentionDecoder(keras.layers.Layer):
             return None
         ones = ops.ones(shape, dtype=self.compute_dtype)
         return tuple(
-            keras.random.dropout(ones, self.dropout_rate, seed=self.seed_generator)
-            for _ in range(count)
+            sixteen_bit_dropout(ones, self.dropout_rate, self.seed_generator) for _ in range(count)
         )
 
     def _input_feeding_lstm_forward(self, target_ids, state, memory_cache, memory_mask, training):

@@ -6,6 +6,7 @@ import keras
 from keras import ops
 
 from layers.masking import masked_softmax
+from layers.sixteen_bit_dropout import SixteenBitDropout
 
 
 @keras.saving.register_keras_serializable(package="seq2seq")
@@ -36,7 +37,7 @@ class CausalSelfAttention(keras.layers.Layer):
         self.num_heads = int(num_heads)
         self.key_dim = int(key_dim)
         self.dropout_rate = float(dropout)
-        self.attention_dropout = keras.layers.Dropout(self.dropout_rate)
+        self.attention_dropout = SixteenBitDropout(self.dropout_rate)
 
     def build(self, input_shape):
         width = self.num_heads * self.key_dim

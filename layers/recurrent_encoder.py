@@ -10,6 +10,7 @@ from layers.recurrent_layers import (
     states_per_layer,
     token_embedding,
 )
+from layers.sixteen_bit_dropout import SixteenBitDropout
 from layers.special_tokens import PAD_ID
 
 MERGE_MODES = ("concat", "sum")
@@ -84,13 +85,13 @@ class RecurrentEncoder(keras.layers.Layer):
         self.pad_id = int(pad_id)
 
         self.embedding = token_embedding(vocab_size, embedding_dim)
-        self.dropout = keras.layers.Dropout(self.dropout_rate)
+        self.dropout = SixteenBitDropout(self.dropout_rate)
         # Its own layer only at its own rate: a dropout's seed state is a variable, and models
         # saved without one must still load.
         self.output_dropout = (
             self.dropout
             if self.output_dropout_rate == self.dropout_rate
-            else keras.layers.Dropout(self.output_dropout_rate)
+            else SixteenBitDropout(self.output_dropout_rate)
         )
         self.recurrent_layers = []
         for i in range(self.num_layers):

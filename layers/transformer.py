@@ -8,6 +8,7 @@ from keras import ops
 
 from layers.encoder_decoder_model import EncoderDecoderModel
 from layers.masking import sequence_mask
+from layers.sixteen_bit_dropout import SixteenBitDropout
 from layers.special_tokens import BOS_ID, EOS_ID, PAD_ID
 from layers.transformer_decoder_layer import TransformerDecoderLayer
 from layers.transformer_encoder_layer import TransformerEncoderLayer
@@ -112,7 +113,7 @@ class Transformer(EncoderDecoderModel):
         )  # fmt: skip
         self.source_positions = self._position_layer("source_positions")
         self.target_positions = self._position_layer("target_positions")
-        self.dropout = keras.layers.Dropout(self.dropout_rate)
+        self.dropout = SixteenBitDropout(self.dropout_rate)
         self.encoder_layers = [
             TransformerEncoderLayer(
                 self.intermediate_dim,

@@ -4,6 +4,7 @@ import keras
 
 from layers.causal_self_attention import CausalSelfAttention
 from layers.multi_head_cross_attention import MultiHeadCrossAttention
+from layers.sixteen_bit_dropout import SixteenBitDropout
 
 
 @keras.saving.register_keras_serializable(package="seq2seq")
@@ -59,8 +60,8 @@ class TransformerDecoderLayer(keras.layers.Layer):
         self.activation = activation
         self.normalize_first = bool(normalize_first)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
-        self.dropout = keras.layers.Dropout(self.dropout_rate)
-        self.ffn_dropout = keras.layers.Dropout(self.ffn_dropout_rate)
+        self.dropout = SixteenBitDropout(self.dropout_rate)
+        self.ffn_dropout = SixteenBitDropout(self.ffn_dropout_rate)
 
     def build(self, input_shape, memory_shape):
         dim = input_shape[-1]

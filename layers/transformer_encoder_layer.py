@@ -3,6 +3,8 @@
 import keras
 import keras_hub
 
+from layers.sixteen_bit_dropout import SixteenBitDropout
+
 
 @keras.saving.register_keras_serializable(package="seq2seq")
 class TransformerEncoderLayer(keras_hub.layers.TransformerEncoder):
@@ -36,6 +38,9 @@ class TransformerEncoderLayer(keras_hub.layers.TransformerEncoder):
         self._self_attention_dropout.rate = self._feedforward_dropout.rate = sublayer_dropout
         attention = self._self_attention_layer
         attention._dropout = attention._dropout_layer.rate = self.attention_dropout
+        for dropout in (self._self_attention_dropout, self._feedforward_dropout,
+                        attention._dropout_layer):  # fmt: skip
+            SixteenBitDropout.adopt(dropout)
 
     def get_config(self):
         config = super().get_config()

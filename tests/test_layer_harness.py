@@ -389,6 +389,19 @@ CASES = [
         ),
         skip={"steps": "an encoder layer reads the whole source at once"},
     ),
+    LayerCase(
+        "sixteen_bit_dropout",
+        lambda: layers.SixteenBitDropout(0.3, seed=1),
+        sequence_inputs,
+        # Inference (the identity): in training each call draws a new mask. The training
+        # behaviour is tests/test_sixteen_bit_dropout.py's.
+        lambda layer, inputs: layer(inputs["x"], training=False),
+        masking=Masking(
+            perturb=lambda inputs, rng: {"x": noise_at(inputs["x"], ENCODER_MASK, rng)},
+            invariant=lambda inputs, outputs: [np.asarray(outputs)[ENCODER_MASK]],
+        ),
+        skip={"steps": "element-wise: it has no step"},
+    ),
     decoder_layer_case("pre_norm"),
     decoder_layer_case("post_norm", normalize_first=False, attention_dropout=0.0, ffn_dropout=0.2),
     model_case("recurrent_seq2seq", recurrent_model),
