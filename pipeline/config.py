@@ -28,6 +28,7 @@ RECIPES = next((d for d in (PROJECT_ROOT / "configs", PROJECT_ROOT / "seq2seq_tf
 DEFAULT_CONFIG = RECIPES / "default.yaml"
 # Keras dtype policies a model may train under; its variables and exports stay float32.
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+LOSS_NORMALIZATIONS = ("tokens", "sentences")  # what a batch's loss sum is divided by
 SCHEDULE_KINDS = ("constant", "inverse_sqrt", "exponential")  # see pipeline.training.schedules
 EXPORT_FORMATS = ("saved_model", "onnx", "ctranslate2")
 DEFAULT_EXPORT_FORMATS = ("saved_model", "onnx")
@@ -150,6 +151,9 @@ SCHEMA = {
                            "clipping)", minimum=0.0, nullable=True),
         "label_smoothing": Field(float, 0.1, "epsilon of label smoothing in the training loss "
                                  "(0: none)", minimum=0.0, maximum=0.99),
+        "loss_normalization": Field(str, "tokens", "a batch's loss sum over its tokens (the mean) "
+                                    "or its sentences (OpenNMT-py's normalization: sents)",
+                                    choices=LOSS_NORMALIZATIONS),
         "sampling_schedule": Field(str, "none", "rnn: scheduled sampling (Bengio et al., 2015), "
                                    "how teacher forcing decays (none: always teacher forcing)",
                                    choices=("none", "constant", "linear", "inverse_sigmoid")),

@@ -174,3 +174,19 @@ def test_the_optimizer_takes_the_configured_beta_2():
     train = load_config(PROJECT_ROOT / "configs" / "smoke.yaml")["train"]
     assert make_optimizer(train).beta_2 == 0.999  # Keras' default, unless configured
     assert make_optimizer({**train, "adam_beta2": 0.98}).beta_2 == 0.98
+
+
+@pytest.mark.parametrize("normalization,count", [("tokens", 9), ("sentences", 3)])
+def test_the_training_loss_is_the_loss_sum_over_the_batch_tokens_or_sentences(normalization, count):
+    from pipeline.model_types.builder import build_model
+
+    config = load_config(PROJECT_ROOT / "configs" / "smoke.yaml")
+    config["train"]["loss_normalization"] = normalization
+    model = build_model(config, 50, 50, for_training=True)
+    model.loss_normalization = normalization
+    targets = np.array([[5, 6, 2, 0], [7, 2, 0, 0], [8, 9, 10, 2]])  # 9 tokens, 3 sentences
+    logits = tf.random.stateless_normal([3, 4, 50], seed=(1, 2))
+    loss_sum, tokens = model.token_loss(targets, logits)
+    assert float(tokens) == 9
+    loss = model.compute_loss(y=targets, y_pred=logits)
+    np.testing.assert_allclose(float(loss), float(loss_sum) / count, rtol=1e-6)

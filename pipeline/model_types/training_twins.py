@@ -1,7 +1,8 @@
 """The models of `layers/` as training runs them under any `tf.distribute` strategy.
 
 The layers keep to Keras' public API and to one device's objective. What training across
-replicas adds lives here: the loss averaged over every replica's target tokens, and two Keras
+replicas adds lives here: the loss averaged over every replica's target tokens (or
+sentences, `train.loss_normalization`), and two Keras
 behaviours worked around (each pinned by `tests/test_distribute.py`, which fails when Keras
 changes them). `build_model(..., for_training=True)` builds these twins; what is translated,
 saved and exported is always the plain model, which takes the trained weights.
@@ -33,13 +34,18 @@ def rank_one_logs(logs):
 
 
 class DistributedTraining:
-    """Mixin for an `layers.EncoderDecoderModel` subclass: its training under any strategy."""
+    """Mixin for an `layers.EncoderDecoderModel` subclass: its training under any strategy.
+    `loss_normalization` (`pipeline.config.LOSS_NORMALIZATIONS`) is set by the trainer."""
+
+    loss_normalization = "tokens"
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        # Each replica's loss sum over the global token count: tf.distribute adds the replicas'
-        # gradients, which then add up to the gradient of the mean over all their tokens, however
-        # unevenly the tokens fall. With one replica, the plain mean.
+        # Each replica's loss sum over the global token (or sentence) count: tf.distribute adds
+        # the replicas' gradients, which then add up to the gradient of the mean over all their
+        # tokens, however unevenly the tokens fall. With one replica, the plain mean.
         loss_sum, tokens = self.token_loss(y, y_pred)
+        if self.loss_normalization == "sentences":
+            tokens = ops.cast(ops.shape(y)[0], "float32")
         loss = ops.divide_no_nan(loss_sum, sum_over_replicas(tokens))
         if self.losses:  # each replica its share
             loss = loss + ops.sum(self.losses) / sum_over_replicas(1.0)

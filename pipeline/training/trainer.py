@@ -234,6 +234,7 @@ class TrainingRun:
         vocab_sizes = [tokenizer.vocab_size for tokenizer in self.tokenizers]
         self.model = build_model(self.config, *vocab_sizes, precision=train["precision"],
                                  for_training=True)  # fmt: skip
+        self.model.loss_normalization = train["loss_normalization"]
         self.float32_model = build_model(self.config, *vocab_sizes)
         self.schedule = schedule_from_config(train, learning_rate)
         self.optimizer = make_optimizer(train, self.schedule)
