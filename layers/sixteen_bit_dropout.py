@@ -2,8 +2,6 @@
 
 import keras
 import tensorflow as tf
-from keras.src.backend.tensorflow.random import _get_concrete_noise_shape
-from keras.src.random.seed_generator import draw_seed
 
 DRAW_LEVELS = 1 << 16  # the values one element's random draw takes
 
@@ -38,11 +36,13 @@ def sixteen_bit_dropout(inputs, rate, seed, noise_shape=None):
     dropped = dropped_fraction(rate)
     if dropped == 0.0:
         return inputs
-    shape = (
-        tf.shape(inputs) if noise_shape is None else _get_concrete_noise_shape(inputs, noise_shape)
-    )
+    shape = tf.shape(inputs)
+    if noise_shape is not None:  # None entries take the inputs' sizes
+        shape = tf.stack([shape[i] if n is None else n for i, n in enumerate(noise_shape)])
     size = tf.reduce_prod(shape)
-    seed = tf.cast(draw_seed(seed), tf.int32)
+    if isinstance(seed, keras.random.SeedGenerator):
+        seed = seed.next()
+    seed = tf.cast(seed if tf.is_tensor(seed) else [seed, 0], tf.int64)
     words = tf.random.stateless_uniform(
         [(size + 1) // 2], seed, minval=None, maxval=None, dtype=tf.int32
     )
