@@ -181,7 +181,6 @@ def test_the_training_loss_is_the_loss_sum_over_the_batch_tokens_or_sentences(no
     from pipeline.model_types.builder import build_model
 
     config = load_config(PROJECT_ROOT / "configs" / "smoke.yaml")
-    config["train"]["loss_normalization"] = normalization
     model = build_model(config, 50, 50, for_training=True)
     model.loss_normalization = normalization
     targets = np.array([[5, 6, 2, 0], [7, 2, 0, 0], [8, 9, 10, 2]])  # 9 tokens, 3 sentences

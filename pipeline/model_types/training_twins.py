@@ -44,9 +44,9 @@ class DistributedTraining:
         # the replicas' gradients, which then add up to the gradient of the mean over all their
         # tokens, however unevenly the tokens fall. With one replica, the plain mean.
         loss_sum, tokens = self.token_loss(y, y_pred)
-        if self.loss_normalization == "sentences":
-            tokens = ops.cast(ops.shape(y)[0], "float32")
-        loss = ops.divide_no_nan(loss_sum, sum_over_replicas(tokens))
+        by_sentences = self.loss_normalization == "sentences"
+        count = ops.cast(ops.shape(y)[0], "float32") if by_sentences else tokens
+        loss = ops.divide_no_nan(loss_sum, sum_over_replicas(count))
         if self.losses:  # each replica its share
             loss = loss + ops.sum(self.losses) / sum_over_replicas(1.0)
         return loss
