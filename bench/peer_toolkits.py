@@ -40,8 +40,8 @@ is written in each toolkit's own configuration; where a toolkit cannot build a p
 
 Our side is always `python -m pipeline.train --config FILE` with a configuration file written
 from the shipped recipe: nothing a user could not set. `OUR_VARIANTS` (one-length batches,
-mixed bfloat16, Luong et al.'s uniform initialisation) are the recipe with one setting
-changed, as toolkits of their own in both.
+mixed bfloat16, Luong et al.'s uniform initialisation, the mean of the last 3 checkpoints)
+are the recipe with one setting changed, as toolkits of their own in both.
 This process never imports TensorFlow or PyTorch: every toolkit runs in its own subprocess
 and venv.
 """
@@ -105,12 +105,14 @@ TOOLKITS = ("ours", *PEERS)
 # Our recipe with settings a user may change, measured for speed beside it: one-length
 # batches, as OpenNMT-tf's Transformer batches (length_bucket_width 1) and OpenNMT-py's
 # length-sorted pools come close to; mixed bfloat16, which neither peer trains in on a CPU;
-# Luong et al.'s uniform initialisation, which configs/default.yaml (so both recurrent
-# families' `ours`) has set since 2026-11-28: the name repeats the runs recorded with it.
+# Luong et al.'s uniform initialisation and the mean of the last 3 checkpoints, which
+# configs/default.yaml (so both recurrent families' `ours`) has set since 2026-11-28 and
+# 2026-11-29: the names repeat the runs recorded with them.
 OUR_VARIANTS = {
     "ours-bucket-width-1": {"train": {"bucket_width": 1}},
     "ours-mixed-bfloat16": {"train": {"precision": "mixed_bfloat16"}},
     "ours-init-uniform": {"train": {"init_uniform": 0.1}},
+    "ours-average-3": {"train": {"keep_checkpoints": 3, "average_checkpoints": 3}},
 }
 SPEED_TOOLKITS = ("ours", *OUR_VARIANTS, *PEERS)
 
