@@ -11,6 +11,7 @@ alone.
 """
 
 import dataclasses
+import os
 import threading
 import time
 from concurrent.futures import Future
@@ -30,8 +31,10 @@ class BatchingParameters:
                                            "batch-mates")  # fmt: skip
     max_enqueued_batches: int = _parameter(32, "the queue's bound, in batches of "
                                            "max_batch_size sentences; past it: 503")  # fmt: skip
-    num_batch_threads: int = _parameter(1, "batches running at once, each on its share of "
-                                        "the CPUs")  # fmt: skip
+    # One batch a CPU: a batch's search is many small kernels that a second CPU barely
+    # speeds up, while two batches side by side run twice as many (bench/RESULTS.md).
+    num_batch_threads: int = _parameter(os.cpu_count() or 1, "batches running at once, each "
+                                        "on its share of the CPUs")  # fmt: skip
 
     def __post_init__(self):
         for field in dataclasses.fields(self):

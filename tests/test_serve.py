@@ -378,7 +378,9 @@ def test_the_batch_queue_merges_concurrent_submissions_by_key_and_length():
         time.sleep(0.05)
         return [f"{key}:{item}" for item in items]
 
-    queue = BatchQueue(run_batch, BatchingParameters(max_batch_size=3, batch_timeout_micros=50_000))
+    parameters = BatchingParameters(max_batch_size=3, batch_timeout_micros=50_000,
+                                    num_batch_threads=1)  # fmt: skip
+    queue = BatchQueue(run_batch, parameters)
     futures = [queue.submit("a", ["x1", "x9"], [1, 9]), queue.submit("b", ["y"], [2]),
                queue.submit("a", ["x2", "x8", "x3"], [2, 8, 3])]  # fmt: skip
     assert [f.result(10) for f in futures] == [["a:x1", "a:x9"], ["b:y"], ["a:x2", "a:x8", "a:x3"]]
@@ -398,7 +400,8 @@ def test_the_batch_queue_refuses_past_its_bound_and_passes_errors_to_their_reque
         return items
 
     queue = BatchQueue(run_batch, BatchingParameters(max_batch_size=2, max_enqueued_batches=1,
-                                                     batch_timeout_micros=0))  # fmt: skip
+                                                     batch_timeout_micros=0,
+                                                     num_batch_threads=1))  # fmt: skip
     first = queue.submit("k", ["bad"], [1])
     time.sleep(0.2)  # taken by the worker, which waits
     waiting = queue.submit("k", ["a", "b"], [1, 1])
