@@ -55,7 +55,9 @@ def parse_predict(body):
     if not isinstance(request, dict):
         raise RequestError(BAD_REQUEST, "the body must be a JSON object")
     signature = request.get("signature_name", SERVING_DEFAULT)
-    if not isinstance(signature, str) or signature not in SIGNATURES:
+    if not isinstance(signature, str):
+        raise RequestError(BAD_REQUEST, f"signature_name must be a string, not {signature!r}")
+    if signature not in SIGNATURES:
         raise RequestError(NOT_FOUND, f"signature_name {signature!r} not found; this model has "
                            f"{', '.join(SIGNATURES)}")  # fmt: skip
     if ("instances" in request) == ("inputs" in request):

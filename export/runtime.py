@@ -22,8 +22,9 @@ import onnxruntime
 import sentencepiece
 
 from export.signature import METADATA_FILE, SOURCE_IDS, TARGET_PREFIX, option_dtypes
-from pipeline.core.errors import UnusableFileError, first_line
+from pipeline.core.errors import UnusableFileError, UserError, first_line
 from pipeline.data.length_batches import length_sorted_batches
+from pipeline.decoding.search_options import MAX_BEAM_SIZE, check_values
 
 # What the runtime reads from model.json; an export without one of them is too old or damaged.
 METADATA_KEYS = ("model", "source_vocabulary", "target_vocabulary", "special_ids",
@@ -161,17 +162,60 @@ class OnnxTranslator:
 
     def search(self, source_ids, target_prefix=None, **options):
         """Runs the model on one padded batch: int32 `[batch, src_len]` (and optionally the
-        target prefixes, int32 `[batch, len]`, right-padded) -> dict of arrays."""
-        feeds = {SOURCE_IDS: np.asarray(source_ids, dtype=np.int32)}
+        target prefixes, int32 `[batch, len]`, right-padded) -> dict of arrays. `ValueError`
+        (`check_search`) for what the model cannot be asked."""
+        names = [output.name for output in self.session.get_outputs()]
+        return dict(zip(names, self.session.run(names, self.check_search(
+            source_ids, target_prefix, **options))))  # fmt: skip
+
+    def check_search(self, source_ids, target_prefix=None, **options):
+        """The feeds of `search`, or a `ValueError` naming the argument that is wrong: ids
+        that are not a matrix of this export's vocabulary's ids, an option that is not
+        exported, or one out of the range the commands enforce."""
+        source_ids = self._id_matrix(SOURCE_IDS, source_ids, self.source)
+        if not source_ids.shape[1]:  # empty sources still need one (padding) column to encode
+            source_ids = np.full((len(source_ids), 1), self.pad_id, np.int32)
+        feeds = {SOURCE_IDS: source_ids}
         if target_prefix is not None:
             if TARGET_PREFIX not in self.metadata["inputs"]:
                 raise ValueError(f"{self.directory}: this export takes no {TARGET_PREFIX}")
-            feeds[TARGET_PREFIX] = np.asarray(target_prefix, dtype=np.int32)
-        for name, dtype in option_dtypes(options).items():
-            if options[name] is not None:
-                feeds[name] = np.asarray(options[name], dtype=dtype)
-        names = [output.name for output in self.session.get_outputs()]
-        return dict(zip(names, self.session.run(names, feeds)))
+            feeds[TARGET_PREFIX] = self._id_matrix(TARGET_PREFIX, target_prefix, self.target)
+        given = {name: value for name, value in options.items() if value is not None}
+        option_dtypes(given)  # a TypeError for a name that is no exported option
+        defaults = self.metadata.get("defaults", {})
+        if "n_best" in given and "beam_size" not in given and "beam_size" in defaults:
+            # As `SearchOptions.with_overrides`: a default beam narrower than n_best widens.
+            given["beam_size"] = max(defaults["beam_size"], given["n_best"])
+        values = {**defaults, **given}
+        try:  # the relations (n_best within beam_size) with the export's defaults too
+            check_values(values)
+        except UserError as wrong:
+            raise ValueError(str(wrong)) from None
+        if values.get("n_best", 1) > MAX_BEAM_SIZE:  # the graph clips the beam, not n_best
+            raise ValueError(f"n_best ({values['n_best']}) cannot exceed {MAX_BEAM_SIZE}, the "
+                             "widest beam of an export")  # fmt: skip
+        feeds.update({name: np.asarray(given[name], dtype=dtype)
+                      for name, dtype in option_dtypes(given).items()})  # fmt: skip
+        return feeds
+
+    @staticmethod
+    def _id_matrix(name, ids, vocabulary):
+        """`ids` as int32 `[rows, columns]`; `ValueError` naming `name` unless every id is one
+        of `vocabulary`'s."""
+        try:
+            matrix = np.asarray(ids)
+        except ValueError:  # numpy refuses ragged rows
+            raise ValueError(f"{name}: the rows differ in length; pad them with 0") from None
+        if name == SOURCE_IDS and matrix.ndim and not len(matrix):
+            raise ValueError(f"{name} has no rows: send at least one sentence")
+        if matrix.ndim != 2 or not (matrix.size == 0 or np.issubdtype(matrix.dtype, np.integer)):
+            raise ValueError(f"{name} must be a matrix of integer ids (rows padded with 0), "
+                             f"not of shape {matrix.shape} and type {matrix.dtype}")  # fmt: skip
+        size = vocabulary.get_piece_size()
+        outside = matrix[(matrix < 0) | (matrix >= size)]
+        if outside.size:
+            raise ValueError(f"{name}: id {outside[0]} is outside the vocabulary (0 to {size - 1})")
+        return matrix.astype(np.int32)
 
     def _padded(self, rows):
         """int32 `[len(rows), longest]` (at least one column), right-padded."""

@@ -93,7 +93,7 @@ class TranslationService:
         """A future of `prediction`'s outputs, one value a row by output name; `QueueFull`."""
         inputs = prediction.inputs
         if prediction.signature not in rest_api.TEXT_SIGNATURES:
-            return self.queue.submit_alone(inputs, prediction.rows)
+            return self.queue.submit_alone(self._checked_search(inputs), prediction.rows)
         sources = self.translator.encode(inputs[SENTENCES])
         prefixes = [None] * len(sources)
         if prediction.signature == WITH_PREFIX:
@@ -113,23 +113,31 @@ class TranslationService:
         )
         return [(self.translator.target.decode(ids), score) for (ids, score), *_ in best]
 
-    def _beam_search(self, inputs):
+    def _checked_search(self, inputs):
+        """A `beam_search` request's (source ids, prefix ids or None, options); `RequestError`
+        400 naming the input the model cannot be asked (an id outside its vocabulary, an
+        option out of the range the commands enforce)."""
         options = {k: v for k, v in inputs.items() if k not in (SOURCE_IDS, TARGET_PREFIX)}
-        source_ids = _id_matrix(inputs[SOURCE_IDS], min_width=1)
+        source_ids = _id_matrix(inputs[SOURCE_IDS])
         prefix = inputs.get(TARGET_PREFIX)
-        outputs = self.translator.search(
-            source_ids, None if prefix is None else _id_matrix(prefix), **options
-        )
+        prefix = None if prefix is None else _id_matrix(prefix)
+        try:
+            self.translator.check_search(source_ids, prefix, **options)
+        except ValueError as wrong:
+            raise RequestError(BAD_REQUEST, str(wrong)) from None
+        return source_ids, prefix, options
+
+    def _beam_search(self, search):
+        source_ids, prefix, options = search
+        outputs = self.translator.search(source_ids, prefix, **options)
         return {name: outputs[name].tolist() for name in SEARCH_OUTPUTS}
 
 
-def _id_matrix(rows, min_width=0):
-    """int32 `[len(rows), width]` of rectangular `rows`, at least `min_width` columns (a source
-    needs one, all padding, to be encoded)."""
-    width = max(min_width, len(rows[0]) if rows else 0)
-    matrix = np.zeros((len(rows), width), dtype=np.int32)
+def _id_matrix(rows):
+    """int32 `[len(rows), width]` of rectangular `rows` (`[]` too)."""
+    matrix = np.zeros((len(rows), len(rows[0]) if rows else 0), dtype=np.int32)
     if rows and rows[0]:
-        matrix[:, : len(rows[0])] = rows
+        matrix[:] = rows
     return matrix
 
 
@@ -169,6 +177,10 @@ class Metrics:
         prometheus.Gauge(
             "translation_model_version", "the version served", ["model"], registry=self.registry
         ).labels(model_name).set_function(served_version)
+        self.in_flight = prometheus.Gauge(
+            "translation_requests_in_flight", "predict requests received and not yet answered",
+            ["model"], registry=self.registry,
+        ).labels(model_name)  # fmt: skip
         self.model_name = model_name
         self.render = lambda: prometheus.generate_latest(self.registry)
         self.content_type = prometheus.CONTENT_TYPE_LATEST
@@ -181,132 +193,163 @@ class Metrics:
         self.latency.labels(self.model_name, signature).observe(seconds)
 
 
-def create_app(export_dir, model_name=DEFAULT_MODEL_NAME, parameters=None, limits=None,
-               int8=False, poll_seconds=1.0, text_options=None, log=print):  # fmt: skip
-    """The Starlette application serving `export_dir` (loaded here; `UserError` when it cannot
-    be); it polls for new versions while it runs. `text_options`: search options of the text
-    signatures, in place of the export's defaults."""
-    parameters, limits = parameters or BatchingParameters(), limits or ServerLimits()
-    from starlette.applications import Starlette
-    from starlette.exceptions import HTTPException
-    from starlette.responses import JSONResponse, Response
-    from starlette.routing import Route
+class TranslationServer:
+    """The routes of one server of `export_dir` (loaded here; `UserError` when it cannot be),
+    one handler a route, and its lifespan: it polls for new versions while it runs.
+    `text_options`: search options of the text signatures, in place of the export's
+    defaults."""
 
-    if limits.max_sentences_per_request > parameters.queue_capacity:
-        raise UserError(f"max_sentences_per_request ({limits.max_sentences_per_request}) is "
-                        f"more than the queue holds ({parameters.queue_capacity})")  # fmt: skip
-    metrics = Metrics(
-        model_name,
-        queue_depth=lambda: versions.served.model.queue.depth,
-        served_version=lambda: versions.served.number,
-    )
+    def __init__(self, export_dir, model_name=DEFAULT_MODEL_NAME, parameters=None, limits=None,
+                 int8=False, poll_seconds=1.0, text_options=None, log=print):  # fmt: skip
+        parameters, self.limits = parameters or BatchingParameters(), limits or ServerLimits()
+        most = self.limits.max_sentences_per_request
+        if most > parameters.queue_capacity:
+            raise UserError(f"max_sentences_per_request ({most}) is more than the queue holds "
+                            f"({parameters.queue_capacity})")  # fmt: skip
+        self.model_name = model_name
+        self.metrics = Metrics(
+            model_name,
+            queue_depth=lambda: self.versions.served.model.queue.depth,
+            served_version=lambda: self.versions.served.number,
+        )
 
-    def load(directory):
-        return TranslationService(directory, parameters, int8, metrics.observe_batch, text_options)
+        def load(directory):
+            return TranslationService(directory, parameters, int8, self.metrics.observe_batch,
+                                      text_options)  # fmt: skip
 
-    versions = ModelVersions(export_dir, load, poll_seconds, log)
+        self.versions = ModelVersions(export_dir, load, poll_seconds, log)
 
-    def served(request):
+    def routes(self):
+        from starlette.routing import Route
+
+        models, version = "/v1/models/{name}", "/versions/{version}"
+        return [
+            Route(models + ":predict", self.predict, methods=["POST"]),
+            Route(models + version + ":predict", self.predict, methods=["POST"]),
+            Route(models, self.status, methods=["GET"]),
+            Route(models + version, self.status, methods=["GET"]),
+            Route(models + "/metadata", self.metadata, methods=["GET"]),
+            Route(models + version + "/metadata", self.metadata, methods=["GET"]),
+            Route("/monitoring/prometheus/metrics", self.prometheus_metrics, methods=["GET"]),
+        ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app):
+        self.versions.start()
+        try:
+            yield
+        finally:  # once the server has answered every request in flight
+            await asyncio.to_thread(self.versions.stop)
+
+    async def predict(self, request):
+        started, signature = time.perf_counter(), ""
+        self.metrics.in_flight.inc()
+        try:
+            self.served(request)  # an unknown model or version: 404 before the body is read
+            prediction = rest_api.parse_predict(await self.read_body(request))
+            signature = prediction.signature
+            most = self.limits.max_sentences_per_request
+            if prediction.rows > most:
+                raise RequestError(BAD_REQUEST, f"{prediction.rows} sentences in one request; "
+                                   f"the most is {most}")  # fmt: skip
+            try:
+                future = self.submit(request, prediction)
+            except QueueFull as full:
+                raise RequestError(UNAVAILABLE, str(full)) from None
+            results = await asyncio.wrap_future(future)
+            response = _json(rest_api.predict_response(prediction, outputs_of(prediction, results)))
+        except RequestError as refused:
+            response = _error(refused.status, str(refused))
+        except Exception as failure:  # the model failed: the client is told, the server goes on
+            response = _error(500, f"the model failed: {first_line(failure)}")
+        finally:
+            self.metrics.in_flight.dec()
+        self.metrics.observe(signature, response.status_code, time.perf_counter() - started)
+        return response
+
+    async def status(self, request):
+        try:
+            return _json(rest_api.version_status(self.served(request).number))
+        except RequestError as refused:
+            return _error(refused.status, str(refused))
+
+    async def metadata(self, request):
+        try:
+            return _json(rest_api.model_metadata(self.model_name, self.served(request).number))
+        except RequestError as refused:
+            return _error(refused.status, str(refused))
+
+    async def prometheus_metrics(self, request):
+        from starlette.responses import Response
+
+        return Response(self.metrics.render(), media_type=self.metrics.content_type)
+
+    def served(self, request):
         """The served version a request names; `RequestError` 404 for another model or version."""
-        current = versions.served
+        current = self.versions.served
         name, version = request.path_params["name"], request.path_params.get("version")
-        if name != model_name:
+        if name != self.model_name:
             raise RequestError(NOT_FOUND, f"Servable not found for request: Latest({name})")
         if version is not None and version != str(current.number):
             raise RequestError(NOT_FOUND, f"Servable not found for request: "
                                f"Specific({name}, {version})")  # fmt: skip
         return current
 
-    def submit(request, prediction):
+    def submit(self, request, prediction):
         """`prediction` submitted to the version served now. A version swapped out after the
         lookup closes its queue; the request then goes to the version that replaced it."""
         while True:
-            version = served(request)
+            version = self.served(request)
             try:
                 return version.model.submit(prediction)
             except QueueClosed:
-                if versions.served is version:  # no successor: the server is stopping
+                if self.versions.served is version:  # no successor: the server is stopping
                     raise
 
-    def error(status, message):
-        return JSONResponse({"error": message}, status_code=status)
-
-    async def read_body(request):
+    async def read_body(self, request):
+        """The body, refused (413) past `max_body_bytes` as declared or as read."""
+        most = self.limits.max_body_bytes
         declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limits.max_body_bytes:
+        if declared.isdigit() and int(declared) > most:
             raise RequestError(TOO_LARGE, f"the body is {declared} bytes; the most a request "
-                               f"may send is {limits.max_body_bytes}")  # fmt: skip
+                               f"may send is {most}")  # fmt: skip
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
-            if size > limits.max_body_bytes:
-                raise RequestError(TOO_LARGE, f"the body is over {limits.max_body_bytes} bytes, "
-                                   "the most a request may send")  # fmt: skip
+            if size > most:
+                raise RequestError(TOO_LARGE, f"the body is over {most} bytes, the most a "
+                                   "request may send")  # fmt: skip
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def predict(request):
-        started, signature = time.perf_counter(), ""
-        try:
-            served(request)  # an unknown model or version: 404 before the body is read
-            prediction = rest_api.parse_predict(await read_body(request))
-            signature = prediction.signature
-            if prediction.rows > limits.max_sentences_per_request:
-                raise RequestError(BAD_REQUEST, f"{prediction.rows} sentences in one request; "
-                                   f"the most is {limits.max_sentences_per_request}")  # fmt: skip
-            try:
-                future = submit(request, prediction)
-            except QueueFull as full:
-                raise RequestError(UNAVAILABLE, str(full)) from None
-            results = await asyncio.wrap_future(future)
-            response = JSONResponse(
-                rest_api.predict_response(prediction, outputs_of(prediction, results))
-            )
-        except RequestError as refused:
-            response = error(refused.status, str(refused))
-        except Exception as failure:  # the model failed: the client is told, the server goes on
-            response = error(500, f"the model failed: {first_line(failure)}")
-        metrics.observe(signature, response.status_code, time.perf_counter() - started)
-        return response
 
-    async def status(request):
-        try:
-            return JSONResponse(rest_api.version_status(served(request).number))
-        except RequestError as refused:
-            return error(refused.status, str(refused))
+def _json(document):
+    from starlette.responses import JSONResponse
 
-    async def metadata(request):
-        try:
-            return JSONResponse(rest_api.model_metadata(model_name, served(request).number))
-        except RequestError as refused:
-            return error(refused.status, str(refused))
+    return JSONResponse(document)
 
-    async def prometheus_metrics(request):
-        return Response(metrics.render(), media_type=metrics.content_type)
 
-    async def http_error(request, exc):
-        return error(exc.status_code, exc.detail)
+def _error(status, message):
+    """TF Serving's error shape: `{"error": message}`."""
+    from starlette.responses import JSONResponse
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        versions.start()
-        try:
-            yield
-        finally:  # once the server has answered every request in flight
-            await asyncio.to_thread(versions.stop)
+    return JSONResponse({"error": message}, status_code=status)
 
-    models, version = "/v1/models/{name}", "/versions/{version}"
-    routes = [
-        Route(models + ":predict", predict, methods=["POST"]),
-        Route(models + version + ":predict", predict, methods=["POST"]),
-        Route(models, status, methods=["GET"]),
-        Route(models + version, status, methods=["GET"]),
-        Route(models + "/metadata", metadata, methods=["GET"]),
-        Route(models + version + "/metadata", metadata, methods=["GET"]),
-        Route("/monitoring/prometheus/metrics", prometheus_metrics, methods=["GET"]),
-    ]
-    return Starlette(routes=routes, lifespan=lifespan,
-                     exception_handlers={HTTPException: http_error})  # fmt: skip
+
+def create_app(export_dir, *args, **kwargs):
+    """The Starlette application of a `TranslationServer(export_dir, *args, **kwargs)`."""
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+
+    server = TranslationServer(export_dir, *args, **kwargs)
+
+    async def http_error(request, exc):  # starlette's own 404 and 405, in TF Serving's shape
+        return _error(exc.status_code, exc.detail)
+
+    app = Starlette(routes=server.routes(), lifespan=server.lifespan,
+                    exception_handlers={HTTPException: http_error})  # fmt: skip
+    app.state.server = server
+    return app
 
 
 def parse_args(argv):
@@ -322,6 +365,10 @@ def parse_args(argv):
     parser.add_argument("--int8", action="store_true", help="serve model.int8.onnx")
     parser.add_argument("--poll-seconds", type=float, default=1.0,
                         help="how often to look for a new version")  # fmt: skip
+    parser.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto",
+                        help="the event loop (auto: uvloop where it is installed)")  # fmt: skip
+    parser.add_argument("--http", choices=("auto", "h11", "httptools"), default="auto",
+                        help="the HTTP parser (auto: httptools where it is installed)")  # fmt: skip
     for field in dataclasses.fields(BatchingParameters) + dataclasses.fields(ServerLimits):
         parser.add_argument("--" + field.name.replace("_", "-"), type=int, default=field.default,
                             help=f"{field.metadata['meaning']} (default: %(default)s)")  # fmt: skip
@@ -347,7 +394,8 @@ def main(argv=None):
     app = create_app(args.export_dir, args.model_name, parameters, limits, args.int8,
                      args.poll_seconds, search_arguments(args))  # fmt: skip
     print(f"REST API at http://{args.host}:{args.port}/v1/models/{args.model_name}", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
+                loop=args.loop, http=args.http)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -115,12 +115,44 @@ def test_beam_search_signature_takes_any_ids(saved_model):
     assert long["attention"].shape[-1] == 250 and long["ids"].shape[-1] <= CAP
 
 
-def test_onnx_takes_any_ids(onnx_translator):
-    out = onnx_translator.search([[30, 99999, -7], [0, 0, 0]])
+def test_the_onnx_graph_takes_any_ids_and_the_runtime_names_what_it_refuses(onnx_translator):
+    def run_graph(ids, **options):  # the graph alone, as another ONNX Runtime user runs it
+        feeds = {"source_ids": np.asarray(ids, np.int32),
+                 **{k: np.asarray(v, np.int32) for k, v in options.items()}}  # fmt: skip
+        names = [output.name for output in onnx_translator.session.get_outputs()]
+        return dict(zip(names, onnx_translator.session.run(names, feeds)))
+
+    out = run_graph([[30, 99999, -7], [0, 0, 0]])
     reference = onnx_translator.search([[30, 1, 1], [0, 0, 0]])
     np.testing.assert_array_equal(out["ids"][0], reference["ids"][0])
     assert out["lengths"][1, 0] == 0
+    assert run_graph([[30, 40]], beam_size=100_000, n_best=2)["ids"].shape[1] == 2
+    # OnnxTranslator holds a request to what the commands accept, naming the argument.
+    size = onnx_translator.source.get_piece_size()
+    for ids, options, says in [
+        ([[30, size]], {}, f"source_ids: id {size} is outside the vocabulary (0 to {size - 1})"),
+        ([[30, -7]], {}, "source_ids: id -7"),
+        ([[30], [40, 41]], {}, "source_ids: the rows differ in length"),
+        ([30, 40], {}, "source_ids must be a matrix"),
+        ([], {}, "source_ids has no rows"),
+        ([[30]], {"beam_size": -1}, "beam_size must be at least 1"),
+        ([[30]], {"beam_size": 2.5}, "beam_size must be an integer"),
+        ([[30]], {"beam_size": 2, "n_best": 3}, "n_best (3) cannot exceed beam_size (2)"),
+        ([[30]], {"beam_size": 100, "n_best": 70}, "n_best (70) cannot exceed 64"),
+        ([[30]], {"length_penalty": float("nan")}, "length_penalty must be a finite number"),
+        ([[30]], {"max_length": -1}, "max_length must be at least 0"),
+        ([[30]], {"no_repeat_ngram_size": -2}, "no_repeat_ngram_size must be at least 0"),
+    ]:
+        with pytest.raises(ValueError) as refused:
+            onnx_translator.search(ids, **options)
+        assert says in str(refused.value), (ids, options)
+    with pytest.raises(ValueError, match="target_prefix: id 99999"):
+        onnx_translator.search([[30]], target_prefix=[[99999]])
+    with pytest.raises(ValueError, match="beam_size must be at least 1"):
+        onnx_translator.translate(["Ein Hund."], beam_size=0)
+    # The graph clips the beam, and n_best widens the default beam, as in pipeline.translate.
     assert onnx_translator.search([[30, 40]], beam_size=100_000, n_best=2)["ids"].shape[1] == 2
+    assert onnx_translator.search([[30, 40]], n_best=7)["ids"].shape[1] == 7
 
 
 # Configuration and files.
@@ -394,8 +426,8 @@ def finish(workdir):
     return result.stdout
 
 
-def resume_then_signal(workdir, signum, step_seconds):
-    """Runs the training command again and sends `signum` a few steps after its first new
+def resume_then_signal(workdir, signum):
+    """Runs the training command again and sends `signum` once it has saved its first new
     checkpoint inside an epoch; returns the output of the interrupted run and that
     checkpoint's step."""
     interrupted_at = max(checkpoint_steps(workdir))
@@ -404,8 +436,6 @@ def resume_then_signal(workdir, signum, step_seconds):
         periodic += 10
     process = start(train_command(workdir))
     wait_for_checkpoint(workdir, periodic, process)
-    # Past that step's callbacks, and far from the run's end however fast the machine.
-    time.sleep(max(0.1, 3 * step_seconds))
     process.send_signal(signum)
     output, _ = process.communicate(timeout=120)
     assert f"Resuming from {workdir / 'checkpoints' / f'ckpt-{interrupted_at}'}" in output
@@ -428,11 +458,12 @@ def test_killed_interrupted_and_terminated_training_resumes_each_time(tmp_path):
     process.kill()
     process.wait()
     for signum in (signal.SIGINT, signal.SIGTERM):
-        output, periodic = resume_then_signal(tmp_path, signum, step_seconds)
-        assert "Run the same command to resume" in output
+        output, periodic = resume_then_signal(tmp_path, signum)
         saved = max(checkpoint_steps(tmp_path))
-        assert periodic < saved < 2 * STEPS_PER_EPOCH  # the step interrupted; steps remain
-        assert f"ckpt-{saved}" in output
+        # The step interrupted: the periodic one itself when the signal came during its
+        # callbacks, a later one otherwise; steps remain either way.
+        assert periodic <= saved < 2 * STEPS_PER_EPOCH
+        assert f"saved {tmp_path / 'checkpoints' / f'ckpt-{saved}'}. Run the same command" in output
         assert not (tmp_path / "model.keras").exists()
     output = finish(tmp_path)
     assert f"Resuming from {tmp_path / 'checkpoints' / f'ckpt-{saved}'}" in output

@@ -5,11 +5,13 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import textwrap
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -112,15 +114,25 @@ def test_readers_work_while_a_writer_holds_the_lock(exported_workdir, tmp_path):
 def test_two_trainings_on_one_work_directory(tmp_path):
     """The second command started while the first trains is refused at once, or with --wait
     runs after it; the first's checkpoints and model are those of one run."""
-    # Six epochs, all checkpoints kept: the first is still training when the others start.
     longer = ("--set", "train.epochs=6", "--set", "train.keep_checkpoints=99")
     command = train_command(tmp_path, *longer, *NO_TEST)
     first = start(command)
     wait_for_checkpoint(tmp_path, 10, first)
-    queued = start([*command, "--wait"])
-    refused = subprocess.run(
-        command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120
-    )  # fmt: skip
+    # Held still, with its lock, until both others have met it: however fast the machine,
+    # the first is training when they start.
+    first.send_signal(signal.SIGSTOP)
+    try:
+        queued = start([*command, "--wait"])
+        # The command says it waits, then waits (a reader that never returns fails the test).
+        reader = ThreadPoolExecutor(1)
+        first_line = reader.submit(queued.stdout.readline).result(timeout=120)
+        reader.shutdown()
+        refused = subprocess.run(
+            command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120
+        )  # fmt: skip
+    finally:
+        first.send_signal(signal.SIGCONT)
+    assert first_line.startswith("Waiting for python -m pipeline.train"), first_line
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert refused.stdout == ""
     assert refused.stderr.startswith(
@@ -132,7 +144,6 @@ def test_two_trainings_on_one_work_directory(tmp_path):
     assert first.returncode == 0, output[-2000:]
     queued_output, _ = queued.communicate(timeout=300)
     assert queued.returncode == 0, queued_output[-2000:]
-    assert queued_output.startswith("Waiting for python -m pipeline.train")
     # One run's checkpoints: every 10 steps (the epochs end on them), one step counter.
     assert checkpoint_steps(tmp_path) == list(range(10, 6 * 60 + 1, 10))
     assert "Trained for" in output and (tmp_path / "model.keras").is_file()

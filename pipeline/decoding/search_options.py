@@ -7,11 +7,18 @@ declaration here plus its search code. No TensorFlow here: the ONNX runtime impo
 """
 
 import dataclasses
+import math
+import numbers
 from typing import Any
 
 from pipeline.core.errors import UserError
 
 MAX_BEAM_SIZE = 64  # an exported graph clips a larger requested beam to it
+
+
+# What a value of each option kind may be (numpy's scalars too), and its name in an error.
+KIND_CHECKS = {int: numbers.Integral, float: numbers.Real, str: str, bool: bool}
+KIND_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +49,12 @@ class SearchOption:
         """What is wrong with `value` for this option, or None."""
         if value is None:
             return None if self.nullable else "cannot be null"
+        if not isinstance(value, KIND_CHECKS[self.kind]) or (
+            self.kind is not bool and isinstance(value, bool)
+        ):
+            return f"must be {KIND_NAMES[self.kind]}, got {value!r}"
+        if self.kind is float and not math.isfinite(value):
+            return f"must be a finite number, got {value!r}"
         if self.choices and value not in self.choices:
             return f"must be one of {', '.join(map(str, self.choices))}; got {value!r}"
         if self.positive and value <= 0:
