@@ -5,19 +5,25 @@
         [-- SERVER FLAGS...]
 
 For greedy and beam 5 (the server started with `--beam-size`), in rounds that alternate the
-sides: the offline translator at batch 64 and at batch 1 (the reference), one request of one
+sides: the offline translator at batch 64 and at batch 1 (the reference; at batch 64 it
+sorts all the sentences by length first), the same sentences in the order the clients send
+them in batches of 64 run side by side as the server's batch threads run them (what
+batches of the sentences that arrive together cost), one request of one
 sentence at a time on an idle server, then 1, 4, 16 and 64 concurrent clients over loopback,
 each sending requests of 1 to 8 test sentences (`serving_default`, row format) on a
 keep-alive connection until `--requests` have been answered. Reports sentences/s, latency
 percentiles and errors, and checks every response against the offline translations of the
 same sentences (a differing translation counts as an error). With `--compare-flags`, a second
-server started with those flags added takes turns with the first at each level. Ends with
+server started with those flags added takes turns with the first at each level. The CPU
+time of the server and of this process (the clients, or the offline translator) a sentence
+shows where the CPUs went. Ends with
 the ratios the server is held to: served sentences/s at 16 and more clients over the
 offline batch-64 rate, and an idle one-sentence request's median latency over the offline
 batch-1 time per sentence.
 """
 
 import argparse
+import functools
 import gzip
 import http.client
 import json
@@ -35,11 +41,14 @@ import numpy as np
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
+from export.batching import BatchingParameters  # noqa: E402
 from export.runtime import OnnxTranslator  # noqa: E402
 
 DEFAULT_SOURCE = PROJECT_ROOT / "data" / "multi30k" / "test_2016_flickr.de.gz"
 IDLE_REQUESTS = 50  # one-sentence requests on an idle server, one at a time
 MODEL_NAME = "translator"
+# The offline reference that batches sentences as they arrive, not length-sorted as a whole.
+ARRIVAL_ORDER = "offline, batches of 64 in arrival order, side by side"
 
 
 def read_lines(path):
@@ -97,6 +106,15 @@ class Server:
     def stop(self):
         self.process.terminate()
         self.process.wait(60)
+
+
+def cpu_seconds(pid=None):
+    """CPU time (user + system) used so far by process `pid`, or by this one."""
+    if pid is None:
+        times = os.times()
+        return times.user + times.system
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def drive(port, requests, clients, expected):
@@ -168,6 +186,12 @@ def main():
           f"sentences a level; server flags {args.server_flags or 'none'}", flush=True)  # fmt: skip
     offline = {64: OnnxTranslator(args.export, batch_size=64),
                1: OnnxTranslator(args.export, batch_size=1)}  # fmt: skip
+    # The server's batches, as its default batch threads run them, each on its share of the
+    # CPUs: a reference for what a batch composed of the sentences that arrive together costs.
+    workers = BatchingParameters().num_batch_threads
+    side_by_side = OnnxTranslator(args.export, batch_size=64, inter_threads=workers)
+    arrival = [s for r in requests for s in r]
+    arrival_batches = [arrival[i : i + 64] for i in range(0, len(arrival), 64)]
     results = []
     for beam in args.beams:
         expected = dict(zip(used, offline[64].translate(used, beam_size=beam)))
@@ -181,11 +205,19 @@ def main():
         rows = {}
         try:
             for round_index in range(args.rounds):
-                started = time.perf_counter()
+                started, cpu = time.perf_counter(), cpu_seconds()
                 offline[64].translate(used, beam_size=beam)
                 rate = len(used) / (time.perf_counter() - started)
                 rows.setdefault(("offline, batch 64", None), []).append(
-                    {"sentences_per_s": rate, "errors": 0})  # fmt: skip
+                    {"sentences_per_s": rate, "errors": 0,
+                     "client_cpu_ms": (cpu_seconds() - cpu) * 1000 / len(used)})  # fmt: skip
+                started = time.perf_counter()
+                with ThreadPoolExecutor(workers) as pool:
+                    list(pool.map(functools.partial(side_by_side.translate, beam_size=beam),
+                                  arrival_batches))  # fmt: skip
+                rows.setdefault((ARRIVAL_ORDER, None), []).append(
+                    {"sentences_per_s": len(arrival) / (time.perf_counter() - started),
+                     "errors": 0})  # fmt: skip
                 times = []
                 for (sentence,) in idle:
                     started = time.perf_counter()
@@ -199,9 +231,16 @@ def main():
                 ]:
                     for suffix, server in servers.items():  # taking turns at each level
                         label = side + suffix
+                        before = cpu_seconds(server.process.pid), cpu_seconds()
                         rate, latencies, errors = drive(server.port, load, clients, expected)
+                        sentences = sum(map(len, load))
+                        server_cpu, client_cpu = (
+                            (after - began) * 1000 / sentences for after, began in
+                            zip((cpu_seconds(server.process.pid), cpu_seconds()), before)
+                        )  # fmt: skip
                         rows.setdefault((label, clients), []).append(
                             {"sentences_per_s": rate, "errors": len(errors),
+                             "server_cpu_ms": server_cpu, "client_cpu_ms": client_cpu,
                              **percentiles(latencies)})  # fmt: skip
                         for error in errors[:3]:
                             print(f"  beam {beam}, {label} {clients}: {error}", flush=True)
@@ -222,19 +261,22 @@ def report(beam, rows):
         return statistics.median(r[key] for r in rows[(label, clients)])
 
     print(f"\n### beam {beam}\n")
-    print("| side | clients | sentences/s (each round) | p50 ms | p95 ms | p99 ms | errors |")
-    print("|---|---:|---|---:|---:|---:|---:|")
+    print("| side | clients | sentences/s (each round) | p50 ms | p95 ms | p99 ms | server CPU "
+          "ms a sentence | this process's CPU ms a sentence | errors |")  # fmt: skip
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
     for (label, clients), measured in rows.items():
         each = ", ".join(f"{r['sentences_per_s']:,.1f}" for r in measured)
         cells = [f"{statistics.median(r[q] for r in measured):,.1f}" if q in measured[0] else "-"
-                 for q in ("p50", "p95", "p99")]  # fmt: skip
+                 for q in ("p50", "p95", "p99", "server_cpu_ms", "client_cpu_ms")]  # fmt: skip
         errors = sum(r["errors"] for r in measured)
         print(f"| {label} | {clients or '-'} | {each} | {' | '.join(cells)} | {errors} |")
     offline_rate = median("offline, batch 64", None, "sentences_per_s")
+    arrival_rate = median(ARRIVAL_ORDER, None, "sentences_per_s")
     for label, clients in rows:
         if label.startswith("served") and clients >= 16:
-            ratio = median(label, clients, "sentences_per_s") / offline_rate
-            print(f"\n{label} at {clients} clients / offline batch 64: {ratio:.2f}x (goal >= 0.8)")
+            rate = median(label, clients, "sentences_per_s")
+            print(f"\n{label} at {clients} clients / offline batch 64: {rate / offline_rate:.2f}x "
+                  f"(goal >= 0.8); / {ARRIVAL_ORDER}: {rate / arrival_rate:.2f}x")  # fmt: skip
     single = median("offline, batch 1", None, "p50")
     goal = 1.3 * single + 5
     for label, clients in rows:

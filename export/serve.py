@@ -365,10 +365,6 @@ def parse_args(argv):
     parser.add_argument("--int8", action="store_true", help="serve model.int8.onnx")
     parser.add_argument("--poll-seconds", type=float, default=1.0,
                         help="how often to look for a new version")  # fmt: skip
-    parser.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto",
-                        help="the event loop (auto: uvloop where it is installed)")  # fmt: skip
-    parser.add_argument("--http", choices=("auto", "h11", "httptools"), default="auto",
-                        help="the HTTP parser (auto: httptools where it is installed)")  # fmt: skip
     for field in dataclasses.fields(BatchingParameters) + dataclasses.fields(ServerLimits):
         parser.add_argument("--" + field.name.replace("_", "-"), type=int, default=field.default,
                             help=f"{field.metadata['meaning']} (default: %(default)s)")  # fmt: skip
@@ -394,8 +390,7 @@ def main(argv=None):
     app = create_app(args.export_dir, args.model_name, parameters, limits, args.int8,
                      args.poll_seconds, search_arguments(args))  # fmt: skip
     print(f"REST API at http://{args.host}:{args.port}/v1/models/{args.model_name}", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
-                loop=args.loop, http=args.http)  # fmt: skip
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
 
 
 if __name__ == "__main__":
