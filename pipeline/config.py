@@ -17,6 +17,7 @@ import yaml
 from pipeline.core.atomic_files import write_text_atomically
 from pipeline.core.errors import UnusableFileError, UserError
 from pipeline.core.fields import Field, check_value, path_field, positive_int, rate
+from pipeline.data import multilingual
 from pipeline.decoding.search_options import CONFIGURED_OPTIONS
 from pipeline.model_types import DEFAULT_MODEL_TYPE, MODEL_TYPES, model_keys
 
@@ -73,6 +74,18 @@ SCHEMA = {
         "train_corpora": Field(list, None, "corpora mixed by weight, instead of train_*: a list of "
                                "{source, target} or {tsv}, each with a weight (1)",
                                nullable=True),
+        # One multilingual model (pipeline.data.multilingual): a file a language, aligned.
+        "multiway_train": Field(dict, None, "one multi-way parallel training set, instead of "
+                                "train_*: {language code: file}, the files aligned line by line",
+                                nullable=True),
+        "multiway_valid": Field(dict, None, "the multi-way validation set, {language code: "
+                                "file}, instead of valid_*", nullable=True),
+        "multiway_test": Field(dict, None, "the multi-way test set, {language code: file}, "
+                               "instead of test_*", nullable=True),
+        "directions": Field(str, "all", "multiway: the directions trained: all, to_and_from:XX "
+                            "(into and out of XX), or a list such as de-en,en-de"),
+        "sampling_temperature": Field(float, 5.0, "multiway: directions mixed with weights "
+                                      "proportional to their lines^(1/T)", minimum=1.0),
         "skip_bad_lines": Field(bool, False, "skip training lines not in UTF-8 (or, in a TSV, "
                                 "without a tab) rather than stop at the first"),
         "vocab_sample_size": positive_int(1_000_000, "training pairs sampled at random to learn "
@@ -228,7 +241,8 @@ SCHEMA = {
 # Data keys a resumed run may change: where the data is, not what the model learns from.
 RELOCATABLE_DATA_KEYS = (
     "train_source", "train_target", "train_tsv", "valid_source", "valid_target", "valid_tsv",
-    "test_source", "test_target", "test_tsv", "train_corpora", "skip_bad_lines",
+    "test_source", "test_target", "test_tsv", "train_corpora", "multiway_train",
+    "multiway_valid", "multiway_test", "skip_bad_lines",
     "vocab_sample_size", "source_vocabulary", "target_vocabulary", "source_language",
     "target_language",
 )  # fmt: skip
@@ -240,8 +254,9 @@ CORPUS_FIELDS = {
     "weight": Field(float, 1.0, "the corpus' share of the mix, relative to the others' (above 0)"),
 }
 CORPUS_KEYS = set(CORPUS_FIELDS)
-# A file name's language code: two letters, maybe a region or script, before any .gz.
-LANGUAGE_SUFFIX = re.compile(r"\.([a-z]{2}(?:[_-][A-Za-z]{2,4})?)(?:\.gz)?$")
+# A language code: two letters, maybe a region or script; and a file name ending in one.
+LANGUAGE_CODE = re.compile(r"[a-z]{2}(?:[_-][A-Za-z]{2,4})?")
+LANGUAGE_SUFFIX = re.compile(rf"\.({LANGUAGE_CODE.pattern})(?:\.gz)?$")
 
 
 def schema(model_type=DEFAULT_MODEL_TYPE):
@@ -283,6 +298,8 @@ def _merge(config, overrides, where, base_dir, fields):
                 value = _resolve(value, base_dir)
             if key == "train_corpora" and value is not None:
                 value = _check_corpora(value, f"{where}: data.train_corpora", base_dir)
+            if key.startswith("multiway_") and value is not None:
+                value = _check_multiway(value, f"{where}: data.{key}", base_dir)
             config[section][key] = value
 
 
@@ -348,6 +365,19 @@ def _check_corpora(corpora, where, base_dir):
     return checked
 
 
+def _check_multiway(files, where, base_dir):
+    """`{language code: file}` of at least two languages, paths resolved against `base_dir`."""
+    if len(files) < 2:
+        raise UserError(f"{where}: a multi-way set needs at least two languages")
+    checked = {}
+    for language, path in files.items():
+        if not isinstance(language, str) or not LANGUAGE_CODE.fullmatch(language):
+            raise UserError(f"{where}: {language!r} is not a language code such as de or pt_BR")
+        path = check_value(language, Field(str, None, "a file"), path, where)
+        checked[language] = _resolve(path, base_dir)
+    return checked
+
+
 def _language_suffix(path):
     match = LANGUAGE_SUFFIX.search(Path(path).name)
     return match[1] if match else None
@@ -383,7 +413,13 @@ def parse_overrides(assignments):
 
 
 def _check_consistency(config, where):
-    data, model, train = config["data"], config["model"], config["train"]
+    data = config["data"]
+    if data["multiway_train"]:
+        _check_multiway_consistency(data, where)
+        return _check_training_settings(config, where)
+    for split in ("valid", "test"):
+        if data[f"multiway_{split}"]:
+            raise UserError(f"{where}: data.multiway_{split} needs data.multiway_train")
     for split in ("train", "valid", "test"):
         pair = data[f"{split}_source"], data[f"{split}_target"]
         tsv = data[f"{split}_tsv"]
@@ -402,6 +438,34 @@ def _check_consistency(config, where):
         raise UserError(
             f"{where}: data.train_corpora replaces data.train_source/target/tsv; give one of them"
         )
+    _check_training_settings(config, where)
+
+
+def _check_multiway_consistency(data, where):
+    """A multi-way set replaces every other form of the splits, needs a shared vocabulary,
+    and trains directions between its languages."""
+    others = [key for split in ("train", "valid", "test") for key in
+              (f"{split}_source", f"{split}_target", f"{split}_tsv") if data[key]]  # fmt: skip
+    if data["train_corpora"]:
+        others.append("train_corpora")
+    if others:
+        raise UserError(f"{where}: data.multiway_train replaces data.{others[0]}; give one of "
+                        "them")  # fmt: skip
+    if not data["shared_vocabulary"]:
+        raise UserError(f"{where}: data.multiway_train needs data.shared_vocabulary: true "
+                        "(one vocabulary over every language, with the target-language "
+                        "tags)")  # fmt: skip
+    languages = set(data["multiway_train"])
+    for split in ("valid", "test"):
+        extra = sorted(set(data[f"multiway_{split}"] or {}) - languages)
+        if extra:
+            raise UserError(f"{where}: data.multiway_{split} has {extra[0]}, which "
+                            "data.multiway_train does not")  # fmt: skip
+    multilingual.parse_directions(data["directions"], languages, f"{where}: data.directions")
+
+
+def _check_training_settings(config, where):
+    data, model, train = config["data"], config["model"], config["train"]
     budget = train["time_budget_hours"]
     if budget is not None and budget <= 0:
         raise UserError(f"{where}: train.time_budget_hours must be above 0 (null: no budget)")

@@ -67,7 +67,12 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     search = search_arguments(args)
     from pipeline.core.atomic_files import write_text_atomically
-    from pipeline.decoding.evaluation import corpus_perplexity, score_translations
+    from pipeline.decoding.evaluation import (
+        corpus_perplexity,
+        direction_table,
+        score_directions,
+        score_translations,
+    )
     from pipeline.workdir import load_trained
 
     loaded = load_trained(args.workdir)
@@ -76,6 +81,9 @@ def main(argv=None):
         loaded, args.split, args.batch_size, **search
     )
     report = score_translations(hypotheses, corpus.targets)
+    if corpus.directions:  # a multilingual model: a row a direction, the pooled figures above
+        report["directions"] = score_directions(hypotheses, corpus)
+        print(direction_table(report["directions"]), file=sys.stderr)
 
     perplexity = corpus_perplexity(
         model, corpus, source_tokenizer, target_tokenizer, config, name,

@@ -15,6 +15,7 @@ from pipeline.config import (
     load_config,
 )
 from pipeline.core.errors import UserError, report_user_errors
+from pipeline.data import multilingual
 from pipeline.training.distribution import EXIT_RESTART, WorkerLost, current_task
 from pipeline.workdir import CONFIG_FILE, MODEL_FILE, exclusive_writer
 
@@ -178,6 +179,8 @@ def _train(config, workdir, hooks, init_from, chief):
         for hook in hooks:
             hook(workdir, config, log)
     settings = config["export"]
+    languages = multilingual.languages(config["data"])  # the example sentence is German
+    target = [f" --target-language {code}" for code in languages if code != "de"][:1]
     log(
         "\nDone. Everything is in " + str(workdir) + ":\n"
         f"  {CONFIG_FILE}, {MODEL_FILE}, vocab/, checkpoints/, logs/ "
@@ -186,7 +189,8 @@ def _train(config, workdir, hooks, init_from, chief):
         + (f", export/ ({settings['formats']})" if settings["after_training"] else "")
         + "\n"
         "Next:\n"
-        f"  echo 'Ein Hund läuft im Park.' | python -m pipeline.translate --workdir {workdir}\n"
+        f"  echo 'Ein Hund läuft im Park.' | python -m pipeline.translate --workdir {workdir}"
+        f"{''.join(target)}\n"
         f"  python -m pipeline.evaluate --workdir {workdir} --split test"
     )
     return history

@@ -2,7 +2,7 @@
 
     python -m pipeline.translate --workdir DIR [--input FILE] [--beam-size 5] [--n-best 3]
         [--length-penalty 0.6] [--sampling-temperature T --sampling-topk K] [--scores]
-        [--alignments FILE] [--plot DIR]
+        [--alignments FILE] [--plot DIR] [--target-language fr | --target-languages FILE]
 
 Reads standard input unless --input is given. With --n-best N > 1 each input line gives N
 lines of `index<TAB>rank<TAB>score<TAB>translation`; with --scores, `score<TAB>translation`.
@@ -30,6 +30,12 @@ def parse_args(argv):
     parser.add_argument("--errors", choices=("strict", "replace"), default="strict",
                         help="invalid UTF-8 in the input: stop (strict) or replace it")  # fmt: skip
     parser.add_argument("--batch-size", type=int, help="default: decode.batch_size")
+    languages = parser.add_mutually_exclusive_group()
+    languages.add_argument("--target-language", metavar="CODE",
+                           help="a multilingual model: the language to translate into")  # fmt: skip
+    languages.add_argument("--target-languages", type=Path, metavar="FILE",
+                           help="a multilingual model: a file of language codes, a line per "
+                                "input line")  # fmt: skip
     parser.add_argument("--target-prefix", type=Path,
                         help="file of prefixes, a line per input line: each translation starts "
                              "with its line's text (an empty line: no prefix)")  # fmt: skip
@@ -73,6 +79,7 @@ def main(argv=None):
     search = _check(args)
     from tqdm import tqdm
 
+    from pipeline.data import multilingual
     from pipeline.data.text_input import read_sentences
     from pipeline.decoding.attention_plot import plot_attention
     from pipeline.decoding.translation import Translator
@@ -89,6 +96,12 @@ def main(argv=None):
                 f"{args.target_prefix} has {len(prefixes)} lines but the input has "
                 f"{len(sentences)}: a prefix line per input line"
             )
+    asked = args.target_language
+    if args.target_languages:
+        asked = read_sentences(args.target_languages, args.errors)
+    requests = multilingual.requests_for(config["data"], sentences, asked,
+                                         "--target-languages" if args.target_languages
+                                         else "--target-language")  # fmt: skip
     translator = Translator.from_trained(
         (config, model, source_tokenizer, target_tokenizer), args.batch_size, **search
     )
@@ -96,7 +109,7 @@ def main(argv=None):
     with tqdm(
         total=len(sentences), unit="sent", disable=args.input is None, file=sys.stderr
     ) as bar:
-        results = translator.hypotheses(sentences, prefixes, progress=bar.update)
+        results = translator.hypotheses(requests, prefixes, progress=bar.update)
 
     out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     with out if args.output else _no_close(out):

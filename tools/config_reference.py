@@ -30,7 +30,14 @@ from pipeline.model_types import (  # noqa: E402
 PAGE_NAME = "docs/configuration.md"
 PAGE = PROJECT_ROOT / PAGE_NAME
 COMMAND = "python tools/config_reference.py --write"
-TYPE_NAMES = {int: "integer", float: "number", bool: "true or false", str: "string", list: "list"}
+TYPE_NAMES = {
+    int: "integer",
+    float: "number",
+    bool: "true or false",
+    str: "string",
+    list: "list",
+    dict: "mapping",
+}
 HEADER = "| key | type | default | allowed | meaning |\n|---|---|---|---|---|"
 
 INTRO = f"""\

@@ -55,7 +55,7 @@ def check_value(name, field, value, where):
     if kind is int and isinstance(value, bool) or not isinstance(value, kind):
         type_name = {
             int: "an integer", float: "a number", bool: "true or false", str: "a string",
-            list: "a list",
+            list: "a list", dict: "a mapping",
         }  # fmt: skip
         raise UserError(f"{where}: {name} must be {type_name[kind]}, got {value!r}")
     if field.choices and value not in field.choices:

@@ -19,15 +19,18 @@ import numpy as np
 from tqdm import tqdm
 
 from pipeline.core.errors import UserError
+from pipeline.data import multilingual
 
 
 @dataclasses.dataclass
 class ParallelCorpus:
-    """Aligned source and target sentences, with where they came from."""
+    """Aligned source and target sentences, with where they came from; a multilingual split
+    also says which lines hold which direction (`(Direction, start, end)` each)."""
 
     sources: list
     targets: list
     origin: str
+    directions: list = dataclasses.field(default_factory=list)
 
     def __len__(self):
         return len(self.sources)
@@ -107,11 +110,48 @@ def read_tsv(path):
 
 def read_split(data_config, split):
     """The corpus of `split` ("train", "valid" or "test"), or None if the config has none."""
+    if multilingual.is_multilingual(data_config):
+        return read_multiway(data_config, split)
     if data_config[f"{split}_tsv"]:
         return read_tsv(data_config[f"{split}_tsv"])
     if data_config[f"{split}_source"]:
         return read_aligned(data_config[f"{split}_source"], data_config[f"{split}_target"])
     return None
+
+
+def read_multiway(data_config, split):
+    """The trained directions of a multi-way `split` that has both of their languages, one
+    after the other, each source tagged with its target language; None without the split."""
+    files = data_config[multilingual.SPLIT_KEYS[split]]
+    if not files:
+        return None
+    lines = {language: read_lines(path) for language, path in sorted(files.items())}
+    _check_multiway_counts(files, {language: len(text) for language, text in lines.items()})
+    corpus = ParallelCorpus([], [], f"{split}: {len(lines[next(iter(lines))]):,} lines in "
+                            f"{', '.join(lines)}")  # fmt: skip
+    for direction in multilingual.training_directions(data_config):
+        if direction.source in lines and direction.target in lines:
+            start = len(corpus.sources)
+            corpus.sources += multilingual.tagged(lines[direction.source], direction.target)
+            corpus.targets += lines[direction.target]
+            corpus.directions.append((direction, start, len(corpus.sources)))
+    return corpus
+
+
+def _check_multiway_counts(files, counts):
+    """A `UserError` naming each file and its line count unless all counts are equal."""
+    if len(set(counts.values())) > 1:
+        listed = ", ".join(f"{files[language]} has {count:,}" for language, count in counts.items())
+        raise UserError(f"the files of one multi-way set must be aligned line by line: {listed}")
+
+
+def corpus_of_direction(corpus, direction):
+    """The lines of `corpus` (a `read_multiway` split) that translate `direction`."""
+    for held, start, end in corpus.directions:
+        if held == direction:
+            return ParallelCorpus(corpus.sources[start:end], corpus.targets[start:end],
+                                  f"{corpus.origin}, {direction}")  # fmt: skip
+    raise UserError(f"{corpus.origin} has no {direction} pairs")
 
 
 # Training corpora are streamed: described here by their files, read by `pipeline.data.dataset`.
@@ -139,6 +179,7 @@ class TrainingCorpus:
     shards: tuple
     weight: float
     bad_lines: int
+    source_prefix: str = ""  # before each source line: a multilingual model's target tag
 
     @property
     def lines(self):
@@ -335,3 +376,45 @@ def scan_training_corpora(data_config, sample_size=0, seed=0, log=print):
     pairs = [p for p in zip(*(r.lines for r in samples)) if None not in p] if samples else []
     source_sample, target_sample = [s for s, _ in pairs], [t for _, t in pairs]
     return corpora, source_sample, target_sample
+
+
+def scan_multiway(data_config, sample_size=0, seed=0, log=print):
+    """`scan_training_corpora` for a multi-way set: each language's file counted and checked
+    once, a training corpus a direction of `data.directions` (its sources tagged, its weight
+    by `data.sampling_temperature`), aligned samples of `sample_size` lines a language.
+    Returns `(corpora, source sample, target sample, vocabulary sample)`: pairs of the
+    directions in turn, for the batch estimate, and every language's lines in equal number,
+    for a shared vocabulary."""
+    files = data_config[multilingual.SPLIT_KEYS["train"]]
+    skip = data_config["skip_bad_lines"]
+    per_language = max(1, sample_size // len(files)) if sample_size else 0
+    counts, bad, samples = {}, {}, {}
+    for language, path in sorted(files.items()):
+        # The same size and seed keep the same positions of equally long files: aligned.
+        reservoir = Reservoir(per_language, seed) if per_language else None
+        counts[language], bad[language] = scan_file(path, False, skip,
+                                                    (reservoir,) if reservoir else ())  # fmt: skip
+        samples[language] = reservoir.lines if reservoir else []
+    _check_multiway_counts(files, counts)
+    directions = multilingual.training_directions(data_config)
+    shares = multilingual.temperature_weights([counts[d.source] for d in directions],
+                                              data_config["sampling_temperature"])  # fmt: skip
+    corpora = [
+        TrainingCorpus(str(d), (Shard(files[d.source], files[d.target], counts[d.source]),),
+                       share, bad[d.source] + bad[d.target],
+                       multilingual.language_tag(d.target) + " ")
+        for d, share in zip(directions, shares)
+    ]  # fmt: skip
+    for corpus in corpora:
+        skipped = f", {corpus.bad_lines} bad line(s) to skip" if corpus.bad_lines else ""
+        log(f"train: {corpus.name}: {corpus.lines:,} lines, {corpus.weight:.1%} of the "
+            f"mix{skipped}")  # fmt: skip
+    pairs = []
+    for index in range(min(map(len, samples.values()))):
+        d = directions[index % len(directions)]
+        source, target = samples[d.source][index], samples[d.target][index]
+        if source is not None and target is not None:
+            pairs.append((multilingual.tagged([source], d.target)[0], target))
+    vocabulary = [line for language in sorted(samples) for line in samples[language]
+                  if line is not None]  # fmt: skip
+    return corpora, [s for s, _ in pairs], [t for _, t in pairs], vocabulary

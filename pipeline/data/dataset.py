@@ -237,7 +237,7 @@ def _is_utf8(lines):
     return tf.equal(tf.strings.unicode_transcode(lines, "UTF-8", "UTF-8", errors="replace"), lines)
 
 
-def _encoder(source_tokenizer, target_tokenizer, data_config, counts, tsv):
+def _encoder(source_tokenizer, target_tokenizer, data_config, counts, tsv, source_prefix=""):
     """The map from a batch of lines to the training examples of the pairs it keeps, as
     ragged `({"source_ids", "target_input_ids"}, target_output_ids)`, counting what it reads
     and drops into `counts`. Bad lines (already counted by the corpus scan) are dropped only
@@ -256,6 +256,9 @@ def _encoder(source_tokenizer, target_tokenizer, data_config, counts, tsv):
             )
         if check:
             valid &= _is_utf8(source_lines) & _is_utf8(target_lines)
+        if source_prefix:  # a blank line stays blank, to be dropped as empty
+            blank = tf.equal(tf.strings.strip(source_lines), "")
+            source_lines = tf.where(blank, source_lines, source_prefix + source_lines)
         source = source_tokenizer.tokenize(tf.where(valid, source_lines, ""))
         target = target_tokenizer.tokenize(tf.where(valid, target_lines, ""))
         empty, too_long = _kept(source.row_lengths(), target.row_lengths(), data_config)
@@ -310,7 +313,7 @@ def stream_training_examples(
             lines = lines.shard(pipelines, pipeline)
         encode = _encoder(
             source_tokenizer, target_tokenizer, data_config, counters.counts[number],
-            corpus.is_tsv,
+            corpus.is_tsv, corpus.source_prefix,
         )  # fmt: skip
         examples = (
             lines.batch(STREAM_TOKENIZE_BATCH)

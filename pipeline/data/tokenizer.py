@@ -17,6 +17,7 @@ import tensorflow_text as tf_text
 from layers.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from pipeline.core.atomic_files import atomic_path
 from pipeline.core.errors import UnusableFileError, UserError
+from pipeline.data import multilingual
 
 SPECIAL_PIECES = {
     "pad_piece": "<pad>",
@@ -26,8 +27,9 @@ SPECIAL_PIECES = {
 }
 
 
-def train_sentencepiece(sentences, vocab_size, model_type, path):
-    """Trains a model on `sentences` and writes it to `path` (`write_sentencepiece`)."""
+def train_sentencepiece(sentences, vocab_size, model_type, path, symbols=()):
+    """Trains a model on `sentences` and writes it to `path` (`write_sentencepiece`);
+    `symbols` are pieces of their own, never split (a multilingual model's language tags)."""
     model = io.BytesIO()
     try:
         sentencepiece.SentencePieceTrainer.train(
@@ -44,6 +46,7 @@ def train_sentencepiece(sentences, vocab_size, model_type, path):
             hard_vocab_limit=False,
             num_threads=os.cpu_count() or 1,
             minloglevel=2,
+            user_defined_symbols=list(symbols),
             **SPECIAL_PIECES,
         )
     except RuntimeError as error:
@@ -177,7 +180,9 @@ def prepare_tokenizers(workdir, data_config, samples, log=print):
     paths[0].parent.mkdir(parents=True, exist_ok=True)
     if shared:
         _prepare_shared(paths[0], data_config, samples, log)
-        return Tokenizer(paths[0]), Tokenizer(paths[1])
+        tokenizers = Tokenizer(paths[0]), Tokenizer(paths[1])
+        _check_language_tags(tokenizers[0], multilingual.languages(data_config))
+        return tokenizers
     to_build = []
     for side, path in zip(SIDES, paths):
         given = data_config[f"{side}_vocabulary"]
@@ -214,7 +219,26 @@ def _prepare_shared(path, data_config, samples, log):
         log(f"Reusing the shared vocabulary {path}")
     else:
         size, kind = data_config["source_vocab_size"], data_config["subword_model"]
+        if multilingual.is_multilingual(data_config):
+            sentences = list(_sentences(samples["languages"]))
+            tags = [multilingual.language_tag(language)
+                    for language in multilingual.languages(data_config)]  # fmt: skip
+            log(f"Building a {size}-piece {kind} vocabulary shared by "
+                f"{', '.join(multilingual.languages(data_config))} from {len(sentences):,} "
+                f"sampled sentences, as many of each, with the tags {' '.join(tags)}: "
+                f"{path}")  # fmt: skip
+            train_sentencepiece(sentences, size, kind, path, tags)
+            return
         sentences = [*_sentences(samples["source"]), *_sentences(samples["target"])]
         log(f"Building a {size}-piece {kind} vocabulary shared by both sides from "
             f"{len(sentences):,} sampled sentences: {path}")  # fmt: skip
         train_sentencepiece(sentences, size, kind, path)
+
+
+def _check_language_tags(tokenizer, languages):
+    """Refuses a vocabulary in which a language's tag is not one piece of its own."""
+    for language in languages:
+        tag = multilingual.language_tag(language)
+        if tokenizer.processor.encode(tag, out_type=str)[-1:] != [tag]:
+            raise UnusableFileError(tokenizer.model_path, f"has no piece {tag}: a multilingual "
+                                    "model's vocabulary holds each language's tag")  # fmt: skip

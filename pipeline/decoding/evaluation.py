@@ -20,6 +20,23 @@ def score_translations(hypotheses, references):
     }
 
 
+def score_directions(hypotheses, corpus):
+    """{direction: `score_translations`} of each direction a multilingual split holds ({}
+    for a bilingual one)."""
+    return {
+        str(direction): score_translations(hypotheses[start:end], corpus.targets[start:end])
+        for direction, start, end in corpus.directions
+    }
+
+
+def direction_table(scores):
+    """`score_directions`' figures as a Markdown table, a row a direction."""
+    rows = [f"| {direction} | {s['bleu']} | {s['bleu_lowercase']} | {s['chrf']} |"
+            for direction, s in scores.items()]  # fmt: skip
+    return "\n".join(["| direction | BLEU | BLEU lowercased | chrF |", "|---|---:|---:|---:|",
+                      *rows])  # fmt: skip
+
+
 def corpus_perplexity(model, corpus, source_tokenizer, target_tokenizer, config, name, log=print):
     """The model's teacher-forced perplexity on `corpus` (a `pipeline.data.corpus` split named
     `name`), over its pairs within the training length limits, batched as in training.

@@ -14,7 +14,8 @@ import tensorflow as tf
 from pipeline.config import save_config
 from pipeline.core.atomic_files import write_text_atomically
 from pipeline.core.errors import UserError, first_line
-from pipeline.data.corpus import read_split, scan_training_corpora
+from pipeline.data import multilingual
+from pipeline.data.corpus import read_split, scan_multiway, scan_training_corpora
 from pipeline.data.dataset import (
     ESTIMATE_SAMPLE,
     StreamCounters,
@@ -26,7 +27,7 @@ from pipeline.data.dataset import (
     with_known_length,
 )
 from pipeline.data.tokenizer import prepare_tokenizers, training_tokenizers, vocabularies_to_build
-from pipeline.decoding.evaluation import score_translations
+from pipeline.decoding.evaluation import direction_table, score_directions, score_translations
 from pipeline.decoding.translation import SearchOptions, Translator
 from pipeline.model_types import MODEL_TYPES
 from pipeline.model_types.builder import build_model
@@ -191,14 +192,19 @@ class TrainingRun:
         data, train = self.config["data"], self.train
         keras.utils.set_random_seed(train["seed"])
         building = vocabularies_to_build(self.output, data)
-        self.training_corpora, source_sample, target_sample = scan_training_corpora(
-            data, data["vocab_sample_size"] if building else ESTIMATE_SAMPLE, train["seed"],
-            self.log,
-        )  # fmt: skip
+        sample_size = data["vocab_sample_size"] if building else ESTIMATE_SAMPLE
+        language_sample = []  # a multilingual vocabulary's: every language in equal number
+        if multilingual.is_multilingual(data):
+            self.training_corpora, source_sample, target_sample, language_sample = scan_multiway(
+                data, sample_size, train["seed"], self.log
+            )
+        else:
+            self.training_corpora, source_sample, target_sample = scan_training_corpora(
+                data, sample_size, train["seed"], self.log
+            )
         self.corpora = {split: read_split(data, split) for split in ("valid", "test")}
-        self.tokenizers = prepare_tokenizers(
-            self.output, data, {"source": source_sample, "target": target_sample}, self.log
-        )
+        samples = {"source": source_sample, "target": target_sample, "languages": language_sample}
+        self.tokenizers = prepare_tokenizers(self.output, data, samples, self.log)
         source, target = self.tokenizers
         self.log(f"Vocabularies: {source.vocab_size} source, {target.vocab_size} target")
         self.valid_data = _validation_data(self.config, self.corpora["valid"], self.tokenizers,
@@ -448,12 +454,16 @@ class TrainingRun:
         self.log(f"Translating the test split ({len(corpus)} sentences)...")
         hypotheses = self.translator.translate(corpus.sources)
         report = score_translations(hypotheses, corpus.targets)
+        if corpus.directions:  # a multilingual model: each direction on its own too
+            report["directions"] = score_directions(hypotheses, corpus)
+            self.log(direction_table(report["directions"]))
         report["training_seconds"] = round(training_seconds, 1)
         write_text_atomically(self.workdir / TEST_TRANSLATIONS,
                               "".join(h + "\n" for h in hypotheses))  # fmt: skip
         write_text_atomically(self.workdir / TEST_REPORT, json.dumps(report, indent=2) + "\n")
+        pooled = ", every direction pooled" if corpus.directions else ""
         self.log(
-            f"Test: BLEU {report['bleu']} (lowercased {report['bleu_lowercase']}), "
+            f"Test{pooled}: BLEU {report['bleu']} (lowercased {report['bleu_lowercase']}), "
             f"chrF {report['chrf']}  [{report['bleu_signature']}]"
         )
 

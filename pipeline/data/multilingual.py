@@ -1,0 +1,136 @@
+"""One model for many directions, trained on one multi-way parallel set.
+
+A target-language tag (`<2fr>`) before each source sentence tells one shared model which
+language to translate into (Johnson et al., 2017, "Google's Multilingual Neural Machine
+Translation System"). The tags are user-defined symbols of one shared SentencePiece
+vocabulary over every language, so they are never split into pieces; every runtime adds the
+same text before a sentence and so gives the same ids.
+
+The set is a file per language, aligned line by line across all of them (`data.multiway_*`).
+`data.directions` picks the ordered pairs to train; the others are left for zero-shot
+translation. Directions are mixed with weights proportional to their size to the power 1/T
+(`data.sampling_temperature`, as fairseq's `--sampling-temperature`): T = 1 samples by size,
+a large T evenly.
+"""
+
+import dataclasses
+import itertools
+
+import numpy as np
+
+from pipeline.core.errors import UserError
+
+SPLITS = ("train", "valid", "test")
+SPLIT_KEYS = {split: f"multiway_{split}" for split in SPLITS}
+ALL_DIRECTIONS = "all"
+TO_AND_FROM = "to_and_from:"  # the directions into and out of one language (English-centric)
+
+
+def language_tag(language):
+    """The symbol that asks for a translation into `language`."""
+    return f"<2{language}>"
+
+
+def tagged(sentences, language):
+    """`sentences` (str or bytes), each asking for a translation into `language`; a blank
+    one stays as it is (nothing to translate)."""
+    prefix = language_tag(language) + " "
+    return [
+        s if not s.strip() else prefix.encode("utf-8") + s if isinstance(s, bytes) else prefix + s
+        for s in sentences
+    ]
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Direction:
+    source: str
+    target: str
+
+    def __str__(self):
+        return f"{self.source}-{self.target}"
+
+
+def languages(data):
+    """The languages of a multi-way configuration, sorted; [] for a bilingual one."""
+    return sorted(data.get(SPLIT_KEYS["train"]) or {})
+
+
+def is_multilingual(data):
+    return bool(data.get(SPLIT_KEYS["train"]))
+
+
+def parse_directions(text, known, where="data.directions"):
+    """The directions `text` names among the languages `known`: "all" (every ordered pair),
+    "to_and_from:XX" (into and out of XX) or a comma-separated list of "src-tgt"."""
+    known = sorted(known)
+    if text == ALL_DIRECTIONS:
+        return [Direction(s, t) for s, t in itertools.permutations(known, 2)]
+    if text.startswith(TO_AND_FROM):
+        pivot = text[len(TO_AND_FROM) :]
+        _check_language(pivot, known, where)
+        others = [language for language in known if language != pivot]
+        return sorted([Direction(pivot, o) for o in others] + [Direction(o, pivot) for o in others])
+    chosen = []
+    for item in (part.strip() for part in text.split(",")):
+        source, dash, target = item.partition("-")
+        if not dash or not source or not target:
+            raise UserError(f"{where}: {item!r} is not a direction such as de-en; give "
+                            f"{ALL_DIRECTIONS}, {TO_AND_FROM}XX or a list of them")  # fmt: skip
+        for language in (source, target):
+            _check_language(language, known, where)
+        if source == target:
+            raise UserError(f"{where}: {item!r} translates a language into itself")
+        if Direction(source, target) in chosen:
+            raise UserError(f"{where}: {item!r} is listed twice")
+        chosen.append(Direction(source, target))
+    return chosen
+
+
+def _check_language(language, known, where):
+    if language not in known:
+        raise UserError(f"{where}: unknown language {language!r}; the set has "
+                        f"{', '.join(known)}")  # fmt: skip
+
+
+def training_directions(data):
+    return parse_directions(data["directions"], languages(data))
+
+
+def temperature_weights(sizes, temperature):
+    """Each direction's share of the mix: size^(1/T), normalised."""
+    scaled = np.asarray(sizes, dtype=np.float64) ** (1.0 / temperature)
+    return (scaled / scaled.sum()).tolist()
+
+
+def requests_for(data, sentences, languages_asked, name="--target-language"):
+    """`sentences` as the model of configuration `data` takes them: for a multilingual model,
+    each tagged with its target language (`languages_asked`: one code, or one a sentence);
+    for a bilingual one, unchanged (a language asked must be its own). A missing or unknown
+    language is a `UserError` naming `name` and the model's languages."""
+    if not is_multilingual(data):
+        from pipeline.config import model_languages  # the configuration reads this module
+
+        own = model_languages(data).get("target")
+        wrong = {language for language in _as_list(languages_asked, sentences)} - {None, own}
+        if wrong:
+            raise UserError(f"{name}: this model translates into {own or 'one language'} only, "
+                            f"not {sorted(wrong)[0]}")  # fmt: skip
+        return list(sentences)
+    known = languages(data)
+    if languages_asked is None:
+        raise UserError(f"this model translates into {', '.join(known)}: give {name}")
+    asked = _as_list(languages_asked, sentences)
+    for language in asked:
+        if language not in known:
+            raise UserError(f"{name}: unknown language {language!r}; this model translates "
+                            f"into {', '.join(known)}")  # fmt: skip
+    return [tagged([sentence], language)[0] for sentence, language in zip(sentences, asked)]
+
+
+def _as_list(languages_asked, sentences):
+    if isinstance(languages_asked, str) or languages_asked is None:
+        return [languages_asked] * len(sentences)
+    if len(languages_asked) != len(sentences):
+        raise UserError(f"{len(languages_asked)} target languages for {len(sentences)} "
+                        "sentences: one a sentence, or one for all")  # fmt: skip
+    return list(languages_asked)

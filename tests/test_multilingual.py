@@ -1,0 +1,202 @@
+"""One model for many directions: the multi-way set, its directions and their mix, the
+target-language tags, training and translating with them."""
+
+import gzip
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pipeline import translate
+from pipeline.config import PROJECT_ROOT, load_config
+from pipeline.core.errors import UserError
+from pipeline.data import multilingual
+from pipeline.data.corpus import corpus_of_direction, read_split, scan_multiway
+from pipeline.data.multilingual import Direction, parse_directions, requests_for
+from pipeline.data.tokenizer import Tokenizer, vocabulary_paths
+
+SMOKE = PROJECT_ROOT / "configs" / "smoke_multilingual.yaml"
+FOUR = ["cs", "de", "en", "fr"]
+
+
+def test_directions_all_to_and_from_one_language_or_listed():
+    assert len(parse_directions("all", FOUR)) == 12
+    centric = parse_directions("to_and_from:en", FOUR)
+    assert [str(d) for d in centric] == ["cs-en", "de-en", "en-cs", "en-de", "en-fr", "fr-en"]
+    assert parse_directions("de-en, en-fr", FOUR) == [Direction("de", "en"), Direction("en", "fr")]
+    for text, says in [
+        ("de-xx", "unknown language 'xx'; the set has cs, de, en, fr"),
+        ("to_and_from:pt", "unknown language 'pt'"),
+        ("de-de", "translates a language into itself"),
+        ("de-en,de-en", "listed twice"),
+        ("deen", "is not a direction such as de-en"),
+    ]:
+        with pytest.raises(UserError, match=says):
+            parse_directions(text, FOUR)
+
+
+def test_temperature_sampling_goes_from_sizes_to_even():
+    sizes = [1000, 100, 10]
+    np.testing.assert_allclose(multilingual.temperature_weights(sizes, 1.0), np.array(sizes) / 1110)
+    shares = [multilingual.temperature_weights(sizes, t) for t in (1.0, 2.0, 5.0, 1e6)]
+    smallest = [share[-1] for share in shares]
+    assert smallest == sorted(smallest)  # a higher temperature gives the small direction more
+    np.testing.assert_allclose(shares[-1], [1 / 3] * 3, atol=1e-4)
+    assert all(abs(sum(share) - 1) < 1e-9 for share in shares)
+
+
+def write_multiway(directory, lines_by_language):
+    files = {}
+    for language, lines in lines_by_language.items():
+        path = directory / f"train.{language}.gz"
+        path.write_bytes(gzip.compress("".join(line + "\n" for line in lines).encode()))
+        files[language] = str(path)
+    return files
+
+
+def multiway_config(tmp_path, files, overrides=()):
+    config = tmp_path / "config.yaml"
+    config.write_text(json.dumps({"data": {"multiway_train": files, "shared_vocabulary": True}}))
+    return load_config(config, overrides)
+
+
+@pytest.mark.parametrize("yaml,says", [
+    ("data:\n  multiway_train: {de: a.de, en: a.en}\n",
+     "data.multiway_train needs data.shared_vocabulary: true"),
+    ("data:\n  multiway_train: {de: a.de}\n  shared_vocabulary: true\n", "at least two languages"),
+    ("data:\n  multiway_train: {de: a.de, EN: a.en}\n  shared_vocabulary: true\n",
+     "'EN' is not a language code"),
+    ("data:\n  multiway_train: {de: a.de, en: a.en}\n  shared_vocabulary: true\n"
+     "  train_source: a.de\n", "data.multiway_train replaces data.train_source"),
+    ("data:\n  multiway_train: {de: a.de, en: a.en}\n  shared_vocabulary: true\n"
+     "  directions: de-fr\n", "data.directions: unknown language 'fr'"),
+    ("data:\n  multiway_train: {de: a.de, en: a.en}\n  shared_vocabulary: true\n"
+     "  multiway_test: {de: t.de, fr: t.fr}\n", "data.multiway_test has fr"),
+    ("data:\n  train_source: a.de\n  train_target: a.en\n  multiway_valid: {de: v.de, en: v.en}\n",
+     "data.multiway_valid needs data.multiway_train"),
+    ("data:\n  multiway_train: [a.de, a.en]\n", "data.multiway_train must be a mapping"),
+])  # fmt: skip
+def test_a_bad_multiway_configuration_is_one_line_naming_the_key(tmp_path, yaml, says):
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml)
+    with pytest.raises(UserError) as refused:
+        load_config(config)
+    assert says in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_multiway_set_whose_files_differ_in_length_names_each_file_and_count(tmp_path):
+    files = write_multiway(tmp_path, {"de": ["a", "b", "c"], "en": ["a", "b"]})
+    config = multiway_config(tmp_path, files)
+    with pytest.raises(UserError, match=r"train.de.gz has 3, .*train.en.gz has 2"):
+        scan_multiway(config["data"], 10, log=lambda _: None)
+    config["data"]["multiway_test"] = files
+    with pytest.raises(UserError, match=r"aligned line by line: .*has 3, .*has 2"):
+        read_split(config["data"], "test")
+
+
+def test_the_directions_are_read_tagged_aligned_and_mixed_as_configured(tmp_path):
+    lines = {language: [f"{language} {i}" for i in range(40)] for language in ("de", "en", "fr")}
+    lines["de"][7] = ""  # a blank line stays blank: nothing to translate
+    files = write_multiway(tmp_path, lines)
+    config = multiway_config(tmp_path, files, ["data.directions=to_and_from:en",
+                                               "data.sampling_temperature=2"])  # fmt: skip
+    config["data"]["multiway_test"] = files
+    logged = []
+    corpora, sources, targets, vocabulary = scan_multiway(config["data"], 30, seed=3,
+                                                          log=logged.append)  # fmt: skip
+    assert [c.name for c in corpora] == ["de-en", "en-de", "en-fr", "fr-en"]
+    assert [c.source_prefix for c in corpora] == ["<2en> ", "<2de> ", "<2fr> ", "<2en> "]
+    assert all(c.weight == pytest.approx(0.25) for c in corpora)
+    assert "train: de-en: 40 lines, 25.0% of the mix" in logged
+    # The samples: each language's lines in equal number; the pairs aligned, sources tagged.
+    # 30 sampled lines, 10 of each language (in the order of their codes).
+    assert len(vocabulary) == 30
+    for number, language in enumerate((b"de", b"en", b"fr")):
+        assert all(line.startswith(language) or not line
+                   for line in vocabulary[number * 10 : number * 10 + 10])  # fmt: skip
+    _, _, _, everything = scan_multiway(config["data"], 300, seed=3, log=lambda _: None)
+    counts = {lang: sum(line.startswith(lang.encode()) for line in everything) for lang in lines}
+    assert counts == {"de": 39, "en": 40, "fr": 40} and len(everything) == 120
+    for source, target in zip(sources, targets):
+        tag, _, text = source.partition(b" ")
+        if text:
+            assert text.split()[-1] == target.split()[-1]  # the same line number
+            assert tag == f"<2{target.split()[0].decode()}>".encode()
+    test = read_split(config["data"], "test")
+    assert [str(d) for d, _, _ in test.directions] == ["de-en", "en-de", "en-fr", "fr-en"]
+    en_de = corpus_of_direction(test, Direction("en", "de"))
+    assert en_de.sources[0] == "<2de> en 0" and en_de.targets[0] == "de 0"
+    de_en = corpus_of_direction(test, Direction("de", "en"))
+    assert de_en.sources[7] == "" and de_en.sources[8] == "<2en> de 8"
+
+
+def test_requests_are_tagged_for_a_multilingual_model_and_checked(tmp_path):
+    files = write_multiway(tmp_path, {"de": ["a"], "en": ["a"], "fr": ["a"]})
+    data = multiway_config(tmp_path, files)["data"]
+    assert requests_for(data, ["Ein Hund.", ""], "fr") == ["<2fr> Ein Hund.", ""]
+    assert requests_for(data, ["a", "b"], ["en", "de"]) == ["<2en> a", "<2de> b"]
+    with pytest.raises(UserError, match="translates into de, en, fr: give --target-language"):
+        requests_for(data, ["a"], None)
+    with pytest.raises(UserError, match="--target-language: unknown language 'pt'"):
+        requests_for(data, ["a"], "pt")
+    with pytest.raises(UserError, match="2 target languages for 1 sentences"):
+        requests_for(data, ["a"], ["en", "de"])
+    bilingual = load_config(SMOKE.with_name("smoke.yaml"))["data"]
+    assert requests_for(bilingual, ["Ein Hund."], "en") == ["Ein Hund."]
+    with pytest.raises(UserError, match="this model translates into en only, not fr"):
+        requests_for(bilingual, ["Ein Hund."], "fr")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("multilingual")
+    from pipeline import train
+
+    train.main(["--config", str(SMOKE), "--workdir", str(workdir)])
+    return workdir
+
+
+def test_training_builds_one_vocabulary_with_the_tags_and_scores_each_direction(trained):
+    source_path, target_path = vocabulary_paths(trained)
+    assert source_path == target_path  # one vocabulary over every language
+    tokenizer = Tokenizer(source_path)
+    for language in ("de", "en", "fr"):
+        tag = f"<2{language}>"
+        assert tokenizer.processor.encode(f"{tag} Ein Hund.", out_type=str)[:2] == ["▁", tag]
+    assert tokenizer.processor.encode("Příliš žluťoučký kůň", out_type=str)  # no <unk> needed
+    report = json.loads((trained / "test_report.json").read_text())
+    assert sorted(report["directions"]) == ["de-en", "en-de", "en-fr", "fr-en"]
+    assert all(0 <= s["chrf"] <= 100 and s["sentences"] == 1000
+               for s in report["directions"].values())  # fmt: skip
+
+
+def test_translate_takes_a_target_language_a_file_of_them_and_refuses_the_rest(
+    trained, tmp_path, capsys
+):
+    sentences = tmp_path / "input.de"
+    sentences.write_text("Ein Hund läuft.\nZwei Männer.\n")
+    languages = tmp_path / "languages"
+    languages.write_text("en\nfr\n")
+    translate.main(["--workdir", str(trained), "--input", str(sentences),
+                    "--target-languages", str(languages)])  # fmt: skip
+    mixed = capsys.readouterr().out.splitlines()
+    alone = []
+    for line, language in [("Ein Hund läuft.", "en"), ("Zwei Männer.", "fr")]:
+        one = tmp_path / f"one.{language}"
+        one.write_text(line + "\n")
+        translate.main(["--workdir", str(trained), "--input", str(one),
+                        "--target-language", language])  # fmt: skip
+        alone += capsys.readouterr().out.splitlines()
+    assert mixed == alone  # a batch mixing languages gives each sentence what it gets alone
+    for flags, says in [
+        ([], "this model translates into de, en, fr: give --target-language"),
+        (["--target-language", "cs"], "--target-language: unknown language 'cs'"),
+    ]:
+        result = subprocess.run(
+            [sys.executable, "-m", "pipeline.translate", "--workdir", str(trained), *flags],
+            input="Ein Hund.\n", capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=300,
+        )  # fmt: skip
+        assert result.returncode == 2
+        assert says in result.stderr and len(result.stderr.strip().splitlines()) == 1
