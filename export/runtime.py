@@ -23,6 +23,7 @@ import sentencepiece
 
 from export.signature import METADATA_FILE, SOURCE_IDS, TARGET_PREFIX, option_dtypes
 from pipeline.core.errors import UnusableFileError, UserError, first_line
+from pipeline.data import multilingual
 from pipeline.data.length_batches import length_sorted_batches
 from pipeline.decoding.search_options import MAX_BEAM_SIZE, check_values
 
@@ -255,26 +256,43 @@ class OnnxTranslator:
     def _prefix_ids(self, target_prefix):
         return None if target_prefix is None else self.target.encode(list(target_prefix))
 
-    def translate(self, sentences, target_prefix=None, progress=None, **options):
+    def translate(self, sentences, target_prefix=None, progress=None, target_language=None,
+                  **options):  # fmt: skip
         """The best translation of each sentence, as text ("" for an empty sentence), as
         `pipeline.decoding.translation.Translator.translate` gives it.
 
         `target_prefix`: a text per sentence ("" for none) that its translation must start
-        with. Options: any of `pipeline.decoding.search_options.EXPORTED_OPTIONS`, each omitted
-        taking the exported default.
+        with. `target_language`: a multilingual model's language to translate into, one code
+        or one a sentence (`ValueError` when missing or unknown; `languages`). Options: any of
+        `pipeline.decoding.search_options.EXPORTED_OPTIONS`, each omitted taking the exported
+        default.
         """
         hypotheses = self.translate_ids(
-            self.encode(sentences), self._prefix_ids(target_prefix), progress, **options
-        )
+            self.encode(self.requests(sentences, target_language)),
+            self._prefix_ids(target_prefix), progress, **options,
+        )  # fmt: skip
         return [self.target.decode(best[0][0]) for best in hypotheses]
 
-    def translate_n_best(self, sentences, n_best, target_prefix=None, progress=None, **options):
+    def translate_n_best(self, sentences, n_best, target_prefix=None, progress=None,
+                         target_language=None, **options):  # fmt: skip
         """The `n_best` (text, score) pairs of each sentence, best first."""
         hypotheses = self.translate_ids(
-            self.encode(sentences), self._prefix_ids(target_prefix), progress, n_best=n_best,
-            **options,
+            self.encode(self.requests(sentences, target_language)),
+            self._prefix_ids(target_prefix), progress, n_best=n_best, **options,
         )  # fmt: skip
         return [[(self.target.decode(ids), score) for ids, score in h] for h in hypotheses]
+
+    @property
+    def languages(self):
+        """The languages a multilingual model translates into ([] for a bilingual one)."""
+        return list(self.metadata.get("languages", {}).get("targets", []))
+
+    def requests(self, sentences, target_language=None):
+        """`sentences` as the model takes them: tagged with their target language for a
+        multilingual model (`pipeline.data.multilingual.tag_requests`)."""
+        own = self.metadata.get("languages", {}).get("target")
+        return multilingual.tag_requests(list(sentences), target_language, self.languages, own,
+                                         "target_language", ValueError)  # fmt: skip
 
     def _strip(self, ids):
         ids = ids.tolist()

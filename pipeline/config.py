@@ -385,7 +385,10 @@ def _language_suffix(path):
 
 def model_languages(data):
     """{"source": code, "target": code}: each side's `data.<side>_language`, else the language
-    suffix its training files all share (train.de.gz -> de); a side with neither is left out."""
+    suffix its training files all share (train.de.gz -> de); a side with neither is left out.
+    A multilingual model: {"targets": the languages it translates into}."""
+    if multilingual.is_multilingual(data):
+        return {"targets": multilingual.languages(data)}
     found = {}
     for side in ("source", "target"):
         paths = [data[f"train_{side}"]] + [c.get(side) for c in data["train_corpora"] or []]

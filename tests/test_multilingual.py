@@ -200,3 +200,31 @@ def test_translate_takes_a_target_language_a_file_of_them_and_refuses_the_rest(
         )  # fmt: skip
         assert result.returncode == 2
         assert says in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_onnx_export_translates_into_each_language_asked_as_the_model_does(trained, tmp_path):
+    from export.exporter import export_model
+    from export.runtime import OnnxTranslator
+    from pipeline.decoding.translation import Translator
+    from pipeline.workdir import load_trained
+
+    export_model(trained, tmp_path, formats=["onnx"], log=lambda _: None)
+    runtime = OnnxTranslator(tmp_path / "onnx")
+    assert runtime.languages == ["de", "en", "fr"]
+    assert json.loads((tmp_path / "onnx" / "model.json").read_text())["languages"] == {
+        "targets": ["de", "en", "fr"]}  # fmt: skip
+    sentences = ["Ein Hund läuft über eine Wiese.", "Zwei Männer stehen.", "", "A dog."]
+    languages = ["en", "fr", "en", "de"]
+    loaded = load_trained(trained)
+    in_process = Translator.from_trained(loaded).translate(
+        requests_for(loaded[0]["data"], sentences, languages))  # fmt: skip
+    mixed = runtime.translate(sentences, target_language=languages)
+    assert mixed == in_process and mixed[2] == ""
+    alone = [
+        runtime.translate([s], target_language=lang)[0] for s, lang in zip(sentences, languages)
+    ]
+    assert mixed == alone  # a batch mixing target languages: each sentence as alone
+    for language, says in [(None, "give target_language"), ("cs", "unknown language 'cs'"),
+                           (["en"], "1 target languages for 4 sentences")]:  # fmt: skip
+        with pytest.raises(ValueError, match=says):
+            runtime.translate(sentences, target_language=language)

@@ -103,34 +103,41 @@ def temperature_weights(sizes, temperature):
 
 
 def requests_for(data, sentences, languages_asked, name="--target-language"):
-    """`sentences` as the model of configuration `data` takes them: for a multilingual model,
-    each tagged with its target language (`languages_asked`: one code, or one a sentence);
-    for a bilingual one, unchanged (a language asked must be its own). A missing or unknown
-    language is a `UserError` naming `name` and the model's languages."""
-    if not is_multilingual(data):
-        from pipeline.config import model_languages  # the configuration reads this module
+    """`sentences` as the model of configuration `data` takes them (`tag_requests`), a
+    `UserError` for a missing or unknown language."""
+    from pipeline.config import model_languages  # the configuration reads this module
 
-        own = model_languages(data).get("target")
-        wrong = {language for language in _as_list(languages_asked, sentences)} - {None, own}
+    return tag_requests(sentences, languages_asked, languages(data),
+                        model_languages(data).get("target"), name)  # fmt: skip
+
+
+def tag_requests(sentences, languages_asked, known, own_target=None, name="target_language",
+                 error=UserError):  # fmt: skip
+    """`sentences` as a model takes them. A multilingual model (`known`: the languages it
+    translates into) takes each tagged with its language (`languages_asked`: one code, or one
+    a sentence); a bilingual one (`known` empty) takes them unchanged, and a language asked
+    must be its `own_target`. A missing or unknown language raises `error` naming `name` and
+    the model's languages."""
+    asked = _as_list(languages_asked, sentences, error)
+    if not known:
+        wrong = set(asked) - {None, own_target}
         if wrong:
-            raise UserError(f"{name}: this model translates into {own or 'one language'} only, "
-                            f"not {sorted(wrong)[0]}")  # fmt: skip
+            raise error(f"{name}: this model translates into {own_target or 'one language'} "
+                        f"only, not {sorted(wrong)[0]}")  # fmt: skip
         return list(sentences)
-    known = languages(data)
-    if languages_asked is None:
-        raise UserError(f"this model translates into {', '.join(known)}: give {name}")
-    asked = _as_list(languages_asked, sentences)
     for language in asked:
+        if language is None:
+            raise error(f"this model translates into {', '.join(known)}: give {name}")
         if language not in known:
-            raise UserError(f"{name}: unknown language {language!r}; this model translates "
-                            f"into {', '.join(known)}")  # fmt: skip
+            raise error(f"{name}: unknown language {language!r}; this model translates into "
+                        f"{', '.join(known)}")  # fmt: skip
     return [tagged([sentence], language)[0] for sentence, language in zip(sentences, asked)]
 
 
-def _as_list(languages_asked, sentences):
+def _as_list(languages_asked, sentences, error):
     if isinstance(languages_asked, str) or languages_asked is None:
         return [languages_asked] * len(sentences)
     if len(languages_asked) != len(sentences):
-        raise UserError(f"{len(languages_asked)} target languages for {len(sentences)} "
-                        "sentences: one a sentence, or one for all")  # fmt: skip
+        raise error(f"{len(languages_asked)} target languages for {len(sentences)} sentences: "
+                    "one a sentence, or one for all")  # fmt: skip
     return list(languages_asked)
