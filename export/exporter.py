@@ -29,6 +29,7 @@ from pipeline.config import (
 from pipeline.core import library_output
 from pipeline.core.atomic_files import writing
 from pipeline.core.errors import UserError
+from pipeline.data import multilingual
 from pipeline.data.tokenizer import vocabulary_paths
 from pipeline.workdir import exclusive_writer, load_trained, write_directory_atomically
 
@@ -113,8 +114,9 @@ def export_model(
         raise UserError(f"--version must be a positive integer, got {version}")
     if "saved_model" in formats or "onnx" in formats:
         graph = TranslationGraph(
-            model, source_tokenizer.model_proto, target_tokenizer.model_proto, config["decode"]
-        )
+            model, source_tokenizer.model_proto, target_tokenizer.model_proto, config["decode"],
+            multilingual.languages(config["data"]),
+        )  # fmt: skip
     start = time.perf_counter()
     paths = {}
     inside = output.resolve().is_relative_to(Path(workdir).resolve())

@@ -10,15 +10,9 @@ one-line message, which the server sends as `{"error": message}`.
 import dataclasses
 import json
 
-from export.signature import (
-    REQUIRED_INPUTS,
-    SERVING_DEFAULT,
-    SIGNATURES,
-    WITH_PREFIX,
-)
+from export.signature import SERVING_DEFAULT, TEXT_SIGNATURES, signatures_of
 
 BAD_REQUEST, NOT_FOUND, TOO_LARGE, UNAVAILABLE = 400, 404, 413, 503
-TEXT_SIGNATURES = (SERVING_DEFAULT, WITH_PREFIX)  # strings in, translations out
 INT32_RANGE = (-(2**31), 2**31 - 1)
 # TF Serving's names for the dtypes in its metadata.
 TENSORFLOW_DTYPES = {"string": "DT_STRING", "int32": "DT_INT32", "float32": "DT_FLOAT"}
@@ -44,10 +38,11 @@ class Prediction:
     row_format: bool
 
 
-def parse_predict(body):
-    """The `Prediction` in a `:predict` body (bytes); `RequestError` when it is not JSON, names
-    an unknown signature or input, lacks a required input, or holds values of the wrong type
-    or shape."""
+def parse_predict(body, multilingual=False):
+    """The `Prediction` in a `:predict` body (bytes) to an export (`multilingual`: whose text
+    signatures take a target language); `RequestError` when it is not JSON, names an unknown
+    signature or input, lacks a required input, or holds values of the wrong type or shape."""
+    signatures, required = signatures_of(multilingual)
     try:
         request = json.loads(body)
     except (UnicodeDecodeError, ValueError) as error:
@@ -57,32 +52,33 @@ def parse_predict(body):
     signature = request.get("signature_name", SERVING_DEFAULT)
     if not isinstance(signature, str):
         raise RequestError(BAD_REQUEST, f"signature_name must be a string, not {signature!r}")
-    if signature not in SIGNATURES:
+    if signature not in signatures:
         raise RequestError(NOT_FOUND, f"signature_name {signature!r} not found; this model has "
-                           f"{', '.join(SIGNATURES)}")  # fmt: skip
+                           f"{', '.join(signatures)}")  # fmt: skip
     if ("instances" in request) == ("inputs" in request):
         raise RequestError(BAD_REQUEST, "a request has either 'instances' (row format) or "
                            "'inputs' (columnar format), not both and not neither")  # fmt: skip
     row_format = "instances" in request
     if row_format:
-        inputs = _columns_of_instances(signature, request["instances"])
+        inputs = _columns_of_instances(signatures[signature], required[signature], signature,
+                                       request["instances"])  # fmt: skip
     else:
-        inputs = _named_inputs(signature, request["inputs"])
-    unknown = sorted(set(inputs) - set(SIGNATURES[signature]["inputs"]))
+        inputs = _named_inputs(required[signature], signature, request["inputs"])
+    unknown = sorted(set(inputs) - set(signatures[signature]["inputs"]))
     if unknown:
         raise RequestError(BAD_REQUEST, f"{signature} has no input {unknown[0]!r}; it takes "
-                           f"{', '.join(SIGNATURES[signature]['inputs'])}")  # fmt: skip
-    missing = [name for name in REQUIRED_INPUTS[signature] if name not in inputs]
+                           f"{', '.join(signatures[signature]['inputs'])}")  # fmt: skip
+    missing = [name for name in required[signature] if name not in inputs]
     if missing:
         raise RequestError(BAD_REQUEST, f"{signature} needs the input {missing[0]!r}")
-    checked = {name: _checked(name, value, *SIGNATURES[signature]["inputs"][name])
+    checked = {name: _checked(name, value, *signatures[signature]["inputs"][name])
                for name, value in inputs.items()}  # fmt: skip
-    first = REQUIRED_INPUTS[signature][0]
+    first = required[signature][0]
     rows = len(checked[first])
     for name, value in checked.items():
         if (
             name != first
-            and SIGNATURES[signature]["inputs"][name][1]
+            and signatures[signature]["inputs"][name][1]
             and (len(value) != rows if signature in TEXT_SIGNATURES else len(value) > rows)
         ):
             raise RequestError(BAD_REQUEST, f"{name!r} has {len(value)} rows and {first!r} "
@@ -90,12 +86,11 @@ def parse_predict(body):
     return Prediction(signature, checked, rows, row_format)
 
 
-def _columns_of_instances(signature, instances):
+def _columns_of_instances(declared, required, signature, instances):
     """The row format's instances as {input: column}: each instance is an object of named
     inputs, or, for a signature with one required input, that input's value alone."""
     if not isinstance(instances, list):
         raise RequestError(BAD_REQUEST, "'instances' must be a list")
-    required = REQUIRED_INPUTS[signature]
     if all(not isinstance(instance, dict) for instance in instances):
         if len(required) > 1:
             raise RequestError(BAD_REQUEST, f"each instance of {signature} is an object with "
@@ -106,23 +101,22 @@ def _columns_of_instances(signature, instances):
     names = set(instances[0])
     if any(set(instance) != names for instance in instances):
         raise RequestError(BAD_REQUEST, "every instance must name the same inputs")
-    scalars = [n for n in names if n in SIGNATURES[signature]["inputs"]
-               and SIGNATURES[signature]["inputs"][n][1] == 0]  # fmt: skip
+    scalars = [n for n in names if n in declared["inputs"] and declared["inputs"][n][1] == 0]
     if scalars:
         raise RequestError(BAD_REQUEST, f"{scalars[0]!r} is one value for the whole request: "
                            "send it in the columnar format ('inputs')")  # fmt: skip
     return {name: [instance[name] for instance in instances] for name in names}
 
 
-def _named_inputs(signature, inputs):
+def _named_inputs(required, signature, inputs):
     """The columnar format's inputs as {input: value}: an object of named inputs, or, for a
     signature with one required input, that input's value alone."""
     if isinstance(inputs, dict):
         return inputs
-    if len(REQUIRED_INPUTS[signature]) > 1:
+    if len(required) > 1:
         raise RequestError(BAD_REQUEST, f"'inputs' of {signature} is an object with "
-                           f"{' and '.join(map(repr, REQUIRED_INPUTS[signature]))}")  # fmt: skip
-    return {REQUIRED_INPUTS[signature][0]: inputs}
+                           f"{' and '.join(map(repr, required))}")  # fmt: skip
+    return {required[0]: inputs}
 
 
 def _checked(name, value, dtype, rank):
@@ -177,7 +171,7 @@ def _tensor_info(name, dtype, rank):
                              "unknown_rank": False}}  # fmt: skip
 
 
-def model_metadata(model_name, version):
+def model_metadata(model_name, version, multilingual=False):
     """`GET /v1/models/NAME/metadata`: the signatures, in TF Serving's JSON shape."""
     signature_defs = {
         name: {
@@ -185,7 +179,7 @@ def model_metadata(model_name, version):
             "outputs": {n: _tensor_info(n, *spec) for n, spec in declared["outputs"].items()},
             "method_name": "tensorflow/serving/predict",
         }
-        for name, declared in SIGNATURES.items()
+        for name, declared in signatures_of(multilingual)[0].items()
     }
     return {
         "model_spec": {"name": model_name, "signature_name": "", "version": str(version)},

@@ -34,7 +34,9 @@ from export.signature import (
     SEARCH_OUTPUTS,
     SENTENCES,
     SOURCE_IDS,
+    TARGET_LANGUAGE,
     TARGET_PREFIX,
+    TEXT_SIGNATURES,
     TRANSLATIONS,
     WITH_PREFIX,
 )
@@ -92,9 +94,13 @@ class TranslationService:
     def submit(self, prediction):
         """A future of `prediction`'s outputs, one value a row by output name; `QueueFull`."""
         inputs = prediction.inputs
-        if prediction.signature not in rest_api.TEXT_SIGNATURES:
+        if prediction.signature not in TEXT_SIGNATURES:
             return self.queue.submit_alone(self._checked_search(inputs), prediction.rows)
-        sources = self.translator.encode(inputs[SENTENCES])
+        try:
+            requests = self.translator.requests(inputs[SENTENCES], inputs.get(TARGET_LANGUAGE))
+        except ValueError as wrong:
+            raise RequestError(BAD_REQUEST, str(wrong)) from None
+        sources = self.translator.encode(requests)
         prefixes = [None] * len(sources)
         if prediction.signature == WITH_PREFIX:
             prefixes = self.translator.target.encode(inputs[TARGET_PREFIX])
@@ -143,7 +149,7 @@ def _id_matrix(rows):
 
 def outputs_of(prediction, results):
     """The batch queue's results as {output: one value a row}."""
-    if prediction.signature in rest_api.TEXT_SIGNATURES:
+    if prediction.signature in TEXT_SIGNATURES:
         return {TRANSLATIONS: [t for t, _ in results], SCORES: [s for _, s in results]}
     (outputs,) = results
     return outputs
@@ -245,8 +251,9 @@ class TranslationServer:
         started, signature = time.perf_counter(), ""
         self.metrics.in_flight.inc()
         try:
-            self.served(request)  # an unknown model or version: 404 before the body is read
-            prediction = rest_api.parse_predict(await self.read_body(request))
+            # An unknown model or version: 404 before the body is read.
+            multilingual = bool(self.served(request).model.translator.languages)
+            prediction = rest_api.parse_predict(await self.read_body(request), multilingual)
             signature = prediction.signature
             most = self.limits.max_sentences_per_request
             if prediction.rows > most:
@@ -275,7 +282,9 @@ class TranslationServer:
 
     async def metadata(self, request):
         try:
-            return _json(rest_api.model_metadata(self.model_name, self.served(request).number))
+            version = self.served(request)
+            multilingual = bool(version.model.translator.languages)
+            return _json(rest_api.model_metadata(self.model_name, version.number, multilingual))
         except RequestError as refused:
             return _error(refused.status, str(refused))
 

@@ -19,10 +19,12 @@ from export.signature import (
     SENTENCES,
     SERVING_DEFAULT,
     SOURCE_IDS,
+    TARGET_LANGUAGE,
     TARGET_PREFIX,
     TRANSLATIONS,
     WITH_PREFIX,
 )
+from pipeline.data.multilingual import TAG_CLOSE, TAG_OPEN
 from pipeline.data.tokenizer import PAD_ID, UNK_ID
 from pipeline.decoding.search import search as run_search
 from pipeline.decoding.search_options import (
@@ -62,6 +64,25 @@ def _search_signature(search, defaults):
     return tf.function(search_with_options, input_signature=input_signature)
 
 
+def _tagger(languages):
+    """`tag(sentences, target_language)`: each non-blank sentence with the tag of its language
+    before it (`pipeline.data.multilingual`), in the graph; a language the model does not have
+    fails the request with a message naming its languages."""
+    known = tf.constant(list(languages))
+    message = (f"{TARGET_LANGUAGE}: an unknown language, or not one a sentence; this model "
+               f"translates into {', '.join(languages)}")  # fmt: skip
+
+    def tag(sentences, target_language):
+        known_each = tf.reduce_any(tf.equal(target_language[:, None], known[None, :]), axis=1)
+        fits = tf.logical_and(tf.equal(tf.size(target_language), tf.size(sentences)),
+                              tf.reduce_all(known_each))  # fmt: skip
+        with tf.control_dependencies([tf.debugging.Assert(fits, [message])]):
+            tagged = tf.strings.join([TAG_OPEN, target_language, TAG_CLOSE + " ", sentences])
+        return tf.where(tf.equal(tf.strings.strip(sentences), ""), sentences, tagged)
+
+    return tag
+
+
 class TranslationGraph(tf.Module):
     """Signatures of a trained model, with the decoding defaults of its configuration.
 
@@ -84,7 +105,7 @@ class TranslationGraph(tf.Module):
     and detokenisation in the graph. An empty sentence translates to an empty string.
     """
 
-    def __init__(self, model, source_model_proto, target_model_proto, decode):
+    def __init__(self, model, source_model_proto, target_model_proto, decode, languages=()):
         super().__init__(name="translation")
         # The variables, not the model: see the module docstring.
         self.model_variables = [variable.value for variable in model.variables]
@@ -140,16 +161,28 @@ class TranslationGraph(tf.Module):
             }
 
         sentences_spec = tf.TensorSpec([None], tf.string, name=SENTENCES)
+        prefix_spec = tf.TensorSpec([None], tf.string, name=TARGET_PREFIX)
+        if languages:  # multilingual: each sentence asks for its language
+            language_spec = tf.TensorSpec([None], tf.string, name=TARGET_LANGUAGE)
+            tag = _tagger(languages)
 
-        @tf.function(input_signature=[sentences_spec])
-        def translate(sentences):
-            return translate_text(sentences, tf.constant([], tf.string))
+            @tf.function(input_signature=[sentences_spec, language_spec])
+            def translate(sentences, target_language):
+                return translate_text(tag(sentences, target_language), tf.constant([], tf.string))
 
-        @tf.function(
-            input_signature=[sentences_spec, tf.TensorSpec([None], tf.string, name=TARGET_PREFIX)]
-        )
-        def translate_with_prefix(sentences, target_prefix):
-            return translate_text(sentences, target_prefix)
+            @tf.function(input_signature=[sentences_spec, prefix_spec, language_spec])
+            def translate_with_prefix(sentences, target_prefix, target_language):
+                return translate_text(tag(sentences, target_language), target_prefix)
+
+        else:
+
+            @tf.function(input_signature=[sentences_spec])
+            def translate(sentences):
+                return translate_text(sentences, tf.constant([], tf.string))
+
+            @tf.function(input_signature=[sentences_spec, prefix_spec])
+            def translate_with_prefix(sentences, target_prefix):
+                return translate_text(sentences, target_prefix)
 
         self.beam_search = _search_signature(search, defaults)
         self.translate = translate

@@ -18,6 +18,9 @@ WITH_PREFIX = "translate_with_prefix"
 
 SENTENCES = "sentences"  # string [batch]: the input of `serving_default`
 SOURCE_IDS = "source_ids"  # int32 [batch, src_len], right-padded with 0
+# string [batch]: the language each sentence is translated into; an input of the text
+# signatures of a multilingual model only (a bilingual export's signatures are as above).
+TARGET_LANGUAGE = "target_language"
 # What each translation must start with. `beam_search`: int32 [batch, len] target ids,
 # right-padded with 0, optional (rows past those given, as in the default, which has none,
 # are empty prefixes); `translate_with_prefix`: string [batch].
@@ -51,6 +54,21 @@ SIGNATURES = {
 # The inputs a request must give; the others take the SavedModel's defaults.
 REQUIRED_INPUTS = {SERVING_DEFAULT: (SENTENCES,), WITH_PREFIX: (SENTENCES, TARGET_PREFIX),
                    BEAM_SEARCH: (SOURCE_IDS,)}  # fmt: skip
+TEXT_SIGNATURES = (SERVING_DEFAULT, WITH_PREFIX)  # strings in, translations out
+
+
+def signatures_of(multilingual):
+    """(`SIGNATURES`, `REQUIRED_INPUTS`) of an export: a multilingual model's text signatures
+    also take, and need, `TARGET_LANGUAGE`."""
+    if not multilingual:
+        return SIGNATURES, REQUIRED_INPUTS
+    signatures = {name: {**declared, "inputs": {**declared["inputs"],
+                                                 TARGET_LANGUAGE: ("string", 1)}}
+                  if name in TEXT_SIGNATURES else declared
+                  for name, declared in SIGNATURES.items()}  # fmt: skip
+    required = {name: (*inputs, TARGET_LANGUAGE) if name in TEXT_SIGNATURES else inputs
+                for name, inputs in REQUIRED_INPUTS.items()}  # fmt: skip
+    return signatures, required
 
 
 def option_dtypes(options):

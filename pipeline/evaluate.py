@@ -58,7 +58,9 @@ def translate_split(loaded, split, batch_size=None, **search):
     translator = Translator.from_trained(loaded, batch_size, **search)
     options = translator.options
     with tqdm(total=len(corpus), unit="sent", file=sys.stderr, desc=f"translating {name}") as bar:
-        hypotheses = translator.translate(corpus.sources, progress=bar.update)
+        # The split's sources are as the model takes them (a multilingual one's, tagged).
+        found = translator.hypotheses(corpus.sources, progress=bar.update)
+    hypotheses = [best[0].text for best in found]
     return name, corpus, hypotheses, options
 
 

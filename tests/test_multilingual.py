@@ -202,22 +202,31 @@ def test_translate_takes_a_target_language_a_file_of_them_and_refuses_the_rest(
         assert says in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
-def test_the_onnx_export_translates_into_each_language_asked_as_the_model_does(trained, tmp_path):
+SENTENCES = ["Ein Hund läuft über eine Wiese.", "Zwei Männer stehen.", "", "A dog."]
+LANGUAGES = ["en", "fr", "en", "de"]
+
+
+@pytest.fixture(scope="module")
+def exported(trained, tmp_path_factory):
     from export.exporter import export_model
+
+    output = tmp_path_factory.mktemp("multilingual_export")
+    export_model(trained, output, formats=["saved_model", "onnx"], log=lambda _: None)
+    return output
+
+
+def test_the_onnx_export_translates_into_each_language_asked_as_the_model_does(trained, exported):
     from export.runtime import OnnxTranslator
     from pipeline.decoding.translation import Translator
     from pipeline.workdir import load_trained
 
-    export_model(trained, tmp_path, formats=["onnx"], log=lambda _: None)
-    runtime = OnnxTranslator(tmp_path / "onnx")
+    runtime = OnnxTranslator(exported / "onnx")
     assert runtime.languages == ["de", "en", "fr"]
-    assert json.loads((tmp_path / "onnx" / "model.json").read_text())["languages"] == {
+    assert json.loads((exported / "onnx" / "model.json").read_text())["languages"] == {
         "targets": ["de", "en", "fr"]}  # fmt: skip
-    sentences = ["Ein Hund läuft über eine Wiese.", "Zwei Männer stehen.", "", "A dog."]
-    languages = ["en", "fr", "en", "de"]
+    sentences, languages = SENTENCES, LANGUAGES
     loaded = load_trained(trained)
-    in_process = Translator.from_trained(loaded).translate(
-        requests_for(loaded[0]["data"], sentences, languages))  # fmt: skip
+    in_process = Translator.from_trained(loaded).translate(sentences, target_language=languages)
     mixed = runtime.translate(sentences, target_language=languages)
     assert mixed == in_process and mixed[2] == ""
     alone = [
@@ -228,3 +237,56 @@ def test_the_onnx_export_translates_into_each_language_asked_as_the_model_does(t
                            (["en"], "1 target languages for 4 sentences")]:  # fmt: skip
         with pytest.raises(ValueError, match=says):
             runtime.translate(sentences, target_language=language)
+
+
+def test_the_saved_models_text_signatures_take_a_target_language_a_sentence(exported):
+    import tensorflow as tf
+
+    from export.runtime import OnnxTranslator
+
+    loaded = tf.saved_model.load(str(exported / "saved_model" / "translator" / "1"))
+    serve = loaded.signatures["serving_default"]
+    assert set(serve.structured_input_signature[1]) == {"sentences", "target_language"}
+    outputs = serve(sentences=tf.constant(SENTENCES), target_language=tf.constant(LANGUAGES))
+    texts = [t.decode() for t in outputs["translations"].numpy()]
+    runtime = OnnxTranslator(exported / "onnx")
+    assert texts == runtime.translate(SENTENCES, target_language=LANGUAGES)
+    prefixed = loaded.signatures["translate_with_prefix"]
+    assert set(prefixed.structured_input_signature[1]) == {
+        "sentences", "target_prefix", "target_language"}  # fmt: skip
+    for languages in (["en", "xx", "en", "de"], ["en"]):
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match="this model translates into de, en, fr"):  # fmt: skip
+            serve(sentences=tf.constant(SENTENCES), target_language=tf.constant(languages))
+
+
+def test_the_rest_server_takes_a_target_language_and_names_what_it_refuses(exported):
+    from export import rest_api
+    from export.batching import BatchingParameters
+    from export.runtime import OnnxTranslator
+    from export.serve import TranslationService, outputs_of
+
+    service = TranslationService(exported / "onnx", BatchingParameters(num_batch_threads=1))
+    try:
+        body = {"instances": [{"sentences": s, "target_language": language}
+                              for s, language in zip(SENTENCES, LANGUAGES)]}  # fmt: skip
+        prediction = rest_api.parse_predict(json.dumps(body).encode(), multilingual=True)
+        texts = outputs_of(prediction, service.submit(prediction).result(120))["translations"]
+        runtime = OnnxTranslator(exported / "onnx")
+        assert texts == runtime.translate(SENTENCES, target_language=LANGUAGES)
+        with pytest.raises(rest_api.RequestError, match="object with 'sentences' and 'target_"):
+            rest_api.parse_predict(b'{"instances": ["Ein Hund."]}', multilingual=True)
+        unknown = rest_api.parse_predict(json.dumps({"inputs": {
+            "sentences": ["Ein Hund."], "target_language": ["pt"]}}).encode(), True)  # fmt: skip
+        with pytest.raises(rest_api.RequestError, match="unknown language 'pt'") as refused:
+            service.submit(unknown)
+        assert refused.value.status == 400
+    finally:
+        service.close()
+    metadata = rest_api.model_metadata("translator", 1, multilingual=True)
+    inputs = metadata["metadata"]["signature_def"]["signature_def"]["serving_default"]["inputs"]
+    assert set(inputs) == {"sentences", "target_language"}
+    bilingual = rest_api.model_metadata("translator", 1)
+    assert set(
+        bilingual["metadata"]["signature_def"]["signature_def"]["serving_default"]["inputs"]
+    ) == {"sentences"}  # a bilingual export's signatures are unchanged

@@ -26,9 +26,12 @@ ALL_DIRECTIONS = "all"
 TO_AND_FROM = "to_and_from:"  # the directions into and out of one language (English-centric)
 
 
+TAG_OPEN, TAG_CLOSE = "<2", ">"  # around a language code: the tag asking for that language
+
+
 def language_tag(language):
     """The symbol that asks for a translation into `language`."""
-    return f"<2{language}>"
+    return f"{TAG_OPEN}{language}{TAG_CLOSE}"
 
 
 def tagged(sentences, language):

@@ -5,6 +5,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
+from pipeline.data import multilingual
 from pipeline.data.length_batches import length_sorted_batches
 from pipeline.data.tokenizer import EOS_ID, PAD_ID, UNK_ID
 from pipeline.decoding.search import search
@@ -44,12 +45,15 @@ class Translator:
     length limit, and sampling draws from each sentence's own seed.
     """
 
-    def __init__(self, model, source_tokenizer, target_tokenizer, options, batch_size=64):
+    def __init__(self, model, source_tokenizer, target_tokenizer, options, batch_size=64,
+                 languages=(), target_language=None):  # fmt: skip
         self.model = model
         self.source_tokenizer = source_tokenizer
         self.target_tokenizer = target_tokenizer
         self.options = options
         self.batch_size = batch_size
+        # A multilingual model's languages; a bilingual one's target language, where known.
+        self.languages, self.target_language = list(languages), target_language
         self._searches = {}  # SearchOptions -> its traced searches, without and with a prefix
 
     @classmethod
@@ -58,10 +62,14 @@ class Translator:
         target tokenizer), searching with the config's decode section overridden by
         `options` (any search option), `batch_size` sentences at a time (default:
         decode.batch_size)."""
+        from pipeline.config import model_languages
+
         config, model, source_tokenizer, target_tokenizer = trained
         search = SearchOptions.from_config(config["decode"], **options)
         batch_size = batch_size or config["decode"]["batch_size"]
-        return cls(model, source_tokenizer, target_tokenizer, search, batch_size)
+        return cls(model, source_tokenizer, target_tokenizer, search, batch_size,
+                   multilingual.languages(config["data"]),
+                   model_languages(config["data"]).get("target"))  # fmt: skip
 
     def _searchers(self, options):
         if options not in self._searches:
@@ -112,21 +120,38 @@ class Translator:
                 progress(len(indices))
         return results
 
-    def translate(self, sentences, target_prefix=None, progress=None, **options):
-        """The best translation of each sentence, as text ("" for an empty sentence)."""
+    def translate(self, sentences, target_prefix=None, progress=None, target_language=None,
+                  **options):  # fmt: skip
+        """The best translation of each sentence, as text ("" for an empty sentence).
+        `target_language`: a multilingual model's language to translate into, one code or
+        one a sentence (`ValueError` when missing or unknown)."""
+        requests = self.requests(sentences, target_language)
         return [
             hypotheses[0].text
-            for hypotheses in self.hypotheses(sentences, target_prefix, progress, **options)
+            for hypotheses in self.hypotheses(requests, target_prefix, progress, **options)
         ]
 
-    def translate_n_best(self, sentences, n_best, target_prefix=None, progress=None, **options):
+    def translate_n_best(self, sentences, n_best, target_prefix=None, progress=None,
+                         target_language=None, **options):  # fmt: skip
         """The `n_best` (text, score) pairs of each sentence, best first."""
         return [
             [(hypothesis.text, hypothesis.score) for hypothesis in hypotheses]
             for hypotheses in self.hypotheses(
-                sentences, target_prefix, progress, n_best=n_best, **options
-            )
+                self.requests(sentences, target_language),
+                target_prefix,
+                progress,
+                n_best=n_best,
+                **options,
+            )  # fmt: skip
         ]
+
+    def requests(self, sentences, target_language=None):
+        """`sentences` as the model takes them: tagged with their target language for a
+        multilingual model (`pipeline.data.multilingual.tag_requests`)."""
+        return multilingual.tag_requests(
+            list(sentences), target_language, self.languages, self.target_language,
+            "target_language", ValueError,
+        )  # fmt: skip
 
     def _hypothesis(self, source, ids, score, attention, options):
         ids = [token for token in ids.tolist() if token != PAD_ID]
