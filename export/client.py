@@ -2,6 +2,7 @@
 
     python -m export.client --grpc localhost:8500 "Ein Hund läuft über eine Wiese."
     python -m export.client --rest http://localhost:8501 --model-name translator < input.de
+    python -m export.client --rest http://localhost:8501 --target-language fr < input.de
 
 Requests carry strings (`serving_default`) or token ids with optional search settings
 (`beam_search`); see the README for the server's docker command.
@@ -18,6 +19,7 @@ from export.signature import (
     SENTENCES,
     SERVING_DEFAULT,
     SOURCE_IDS,
+    TARGET_LANGUAGE,
     TRANSLATIONS,
     option_dtypes,
 )
@@ -45,12 +47,27 @@ def _predict_request(model_name, signature_name, inputs, version=None):
     return request
 
 
-def translate_request(sentences, model_name, version=None):
-    """A gRPC `PredictRequest` for `serving_default`: a `[batch]` string tensor."""
-    sentences = [s.encode("utf-8") if isinstance(s, str) else s for s in sentences]
-    return _predict_request(
-        model_name, SERVING_DEFAULT, {SENTENCES: (sentences, "string")}, version
-    )
+def _utf8(texts):
+    return [s.encode("utf-8") if isinstance(s, str) else s for s in texts]
+
+
+def _languages(target_language, sentences):
+    """A multilingual model's target language for each sentence (one given for all, or one a
+    sentence); None for a bilingual model."""
+    if target_language is None or not isinstance(target_language, str):
+        return target_language
+    return [target_language] * len(sentences)
+
+
+def translate_request(sentences, model_name, version=None, target_language=None):
+    """A gRPC `PredictRequest` for `serving_default`: a `[batch]` string tensor, and for a
+    multilingual model the language of each (`target_language`: one for all, or one a
+    sentence)."""
+    inputs = {SENTENCES: (_utf8(sentences), "string")}
+    languages = _languages(target_language, sentences)
+    if languages is not None:
+        inputs[TARGET_LANGUAGE] = (_utf8(languages), "string")
+    return _predict_request(model_name, SERVING_DEFAULT, inputs, version)
 
 
 def beam_search_request(source_ids, model_name, version=None, **options):
@@ -60,9 +77,15 @@ def beam_search_request(source_ids, model_name, version=None, **options):
     return _predict_request(model_name, BEAM_SEARCH, _search_inputs(source_ids, options), version)
 
 
-def translate_body(sentences):
-    """The REST body for `serving_default` (row format: one sentence an instance)."""
-    return {"signature_name": SERVING_DEFAULT, "instances": list(sentences)}
+def translate_body(sentences, target_language=None):
+    """The REST body for `serving_default` (row format: one sentence an instance, with its
+    target language for a multilingual model)."""
+    languages = _languages(target_language, sentences)
+    if languages is None:
+        return {"signature_name": SERVING_DEFAULT, "instances": list(sentences)}
+    instances = [{SENTENCES: s, TARGET_LANGUAGE: language}
+                 for s, language in zip(sentences, languages)]  # fmt: skip
+    return {"signature_name": SERVING_DEFAULT, "instances": instances}
 
 
 def beam_search_body(source_ids, **options):
@@ -79,20 +102,21 @@ def translations_from_response(response):
     return [t.decode("utf-8") for t in texts], tf.make_ndarray(response.outputs[SCORES]).tolist()
 
 
-def translate_grpc(address, sentences, model_name, timeout=30.0):
+def translate_grpc(address, sentences, model_name, timeout=30.0, target_language=None):
     import grpc
     from tensorflow_serving.apis import prediction_service_pb2_grpc
 
     with grpc.insecure_channel(address) as channel:
         stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-        response = stub.Predict(translate_request(sentences, model_name), timeout)
+        request = translate_request(sentences, model_name, target_language=target_language)
+        response = stub.Predict(request, timeout)
     return translations_from_response(response)[0]
 
 
-def translate_rest(url, sentences, model_name, timeout=30.0):
+def translate_rest(url, sentences, model_name, timeout=30.0, target_language=None):
     request = urllib.request.Request(
         f"{url.rstrip('/')}/v1/models/{model_name}:predict",
-        data=json.dumps(translate_body(sentences)).encode("utf-8"),
+        data=json.dumps(translate_body(sentences, target_language)).encode("utf-8"),
         headers={"Content-Type": "application/json"},
     )
     with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -106,13 +130,17 @@ def main(argv=None):
     where.add_argument("--grpc", metavar="HOST:PORT", help="TF Serving's gRPC address")
     where.add_argument("--rest", metavar="URL", help="TF Serving's REST address")
     parser.add_argument("--model-name", default="translator")
+    parser.add_argument("--target-language", metavar="CODE",
+                        help="a multilingual model: the language to translate into")  # fmt: skip
     parser.add_argument("sentences", nargs="*", help="default: one sentence a line on stdin")
     args = parser.parse_args(argv)
     sentences = args.sentences or [line.rstrip("\n") for line in sys.stdin]
     if args.grpc:
-        translations = translate_grpc(args.grpc, sentences, args.model_name)
+        translations = translate_grpc(args.grpc, sentences, args.model_name,
+                                      target_language=args.target_language)  # fmt: skip
     else:
-        translations = translate_rest(args.rest, sentences, args.model_name)
+        translations = translate_rest(args.rest, sentences, args.model_name,
+                                      target_language=args.target_language)  # fmt: skip
     print("\n".join(translations))
 
 

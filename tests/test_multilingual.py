@@ -290,3 +290,22 @@ def test_the_rest_server_takes_a_target_language_and_names_what_it_refuses(expor
     assert set(
         bilingual["metadata"]["signature_def"]["signature_def"]["serving_default"]["inputs"]
     ) == {"sentences"}  # a bilingual export's signatures are unchanged
+
+
+def test_the_client_sends_a_target_language_in_both_protocols(exported):
+    import tensorflow as tf
+
+    from export import client, rest_api
+
+    body = client.translate_body(SENTENCES, "fr")
+    parsed = rest_api.parse_predict(json.dumps(body).encode(), multilingual=True)
+    assert parsed.inputs["target_language"] == ["fr"] * len(SENTENCES)
+    assert client.translate_body(SENTENCES) == {"signature_name": "serving_default",
+                                                "instances": SENTENCES}  # fmt: skip
+    request = client.translate_request(SENTENCES, "translator", target_language=LANGUAGES)
+    feeds = {name: tf.make_ndarray(proto) for name, proto in request.inputs.items()}
+    loaded = tf.saved_model.load(str(exported / "saved_model" / "translator" / "1"))
+    outputs = loaded.signatures["serving_default"](**{k: tf.constant(v) for k, v in feeds.items()})
+    expected = loaded.signatures["serving_default"](
+        sentences=tf.constant(SENTENCES), target_language=tf.constant(LANGUAGES))  # fmt: skip
+    assert outputs["translations"].numpy().tolist() == expected["translations"].numpy().tolist()
