@@ -59,7 +59,7 @@ def averaged(workdir, last):
 
 def with_test_set(loaded, prefix):
     """`loaded` (`load_trained`'s) with its test split read from `prefix.<language>.gz`."""
-    from pipeline.config import model_languages
+    from pipeline.core.multilingual import model_languages
 
     config, *rest = loaded
     languages = model_languages(config["data"])
@@ -71,7 +71,7 @@ def with_test_set(loaded, prefix):
 
 
 def score(loaded, split, beam_size=None, length_penalty=None):
-    from pipeline.config import model_languages
+    from pipeline.core.multilingual import model_languages
     from pipeline.decoding.evaluation import score_translations
     from pipeline.evaluate import translate_split
 

@@ -23,13 +23,11 @@ from export.signature import METADATA_FILE
 from pipeline.config import (
     DEFAULT_EXPORT_FORMATS,
     check_formats_fit_model,
-    model_languages,
     parse_export_formats,
 )
-from pipeline.core import library_output
+from pipeline.core import library_output, multilingual
 from pipeline.core.atomic_files import writing
 from pipeline.core.errors import UserError
-from pipeline.data import multilingual
 from pipeline.data.tokenizer import vocabulary_paths
 from pipeline.workdir import exclusive_writer, load_trained, write_directory_atomically
 
@@ -129,7 +127,7 @@ def export_model(
             if "onnx" in formats:
                 paths["onnx"] = export_onnx(
                     graph, workdir, output, settings["onnx_opset"], settings["onnx_int8"], log,
-                    model_languages(config["data"]),
+                    multilingual.model_languages(config["data"]),
                 )  # fmt: skip
             if "ctranslate2" in formats:
                 paths["ctranslate2"] = export_ctranslate2(

@@ -5,7 +5,7 @@ dynamic), optionally `model.int8.onnx` (the same with int8 weights in every matr
 quantised dynamically by onnxruntime: faster, with translations that may differ a
 little), the source and target SentencePiece vocabularies (`.model` and plain `.vocab`) and
 `model.json`: special token ids, the search options' defaults and dtypes, the file names and the
-languages (`pipeline.config.model_languages`: the sides known).
+languages (`pipeline.core.multilingual.model_languages`: the sides known).
 The scalar inputs (`pipeline.decoding.search_options.EXPORTED_OPTIONS`) carry their defaults
 as initializers, so ONNX Runtime lets a caller leave them out.
 """

@@ -22,8 +22,8 @@ import onnxruntime
 import sentencepiece
 
 from export.signature import METADATA_FILE, SOURCE_IDS, TARGET_PREFIX, option_dtypes
+from pipeline.core import multilingual
 from pipeline.core.errors import UnusableFileError, UserError, first_line
-from pipeline.data import multilingual
 from pipeline.data.length_batches import length_sorted_batches
 from pipeline.decoding.search_options import MAX_BEAM_SIZE, check_values
 
@@ -289,7 +289,7 @@ class OnnxTranslator:
 
     def requests(self, sentences, target_language=None):
         """`sentences` as the model takes them: tagged with their target language for a
-        multilingual model (`pipeline.data.multilingual.tag_requests`)."""
+        multilingual model (`pipeline.core.multilingual.tag_requests`)."""
         own = self.metadata.get("languages", {}).get("target")
         return multilingual.tag_requests(list(sentences), target_language, self.languages, own,
                                          "target_language", ValueError)  # fmt: skip

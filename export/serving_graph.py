@@ -24,7 +24,7 @@ from export.signature import (
     TRANSLATIONS,
     WITH_PREFIX,
 )
-from pipeline.data.multilingual import TAG_CLOSE, TAG_OPEN
+from pipeline.core.multilingual import TAG_CLOSE, TAG_OPEN
 from pipeline.data.tokenizer import PAD_ID, UNK_ID
 from pipeline.decoding.search import search as run_search
 from pipeline.decoding.search_options import (
@@ -66,7 +66,7 @@ def _search_signature(search, defaults):
 
 def _tagger(languages):
     """`tag(sentences, target_language)`: each non-blank sentence with the tag of its language
-    before it (`pipeline.data.multilingual`), in the graph; a language the model does not have
+    before it (`pipeline.core.multilingual`), in the graph; a language the model does not have
     fails the request with a message naming its languages."""
     known = tf.constant(list(languages))
     message = (f"{TARGET_LANGUAGE}: an unknown language, or not one a sentence; this model "

@@ -9,15 +9,14 @@ wrong type or an impossible value with a message naming the key and the file.
 import copy
 import difflib
 import os
-import re
 from pathlib import Path
 
 import yaml
 
+from pipeline.core import multilingual
 from pipeline.core.atomic_files import write_text_atomically
 from pipeline.core.errors import UnusableFileError, UserError
 from pipeline.core.fields import Field, check_value, path_field, positive_int, rate
-from pipeline.data import multilingual
 from pipeline.decoding.search_options import CONFIGURED_OPTIONS
 from pipeline.model_types import DEFAULT_MODEL_TYPE, MODEL_TYPES, model_keys
 
@@ -74,7 +73,7 @@ SCHEMA = {
         "train_corpora": Field(list, None, "corpora mixed by weight, instead of train_*: a list of "
                                "{source, target} or {tsv}, each with a weight (1)",
                                nullable=True),
-        # One multilingual model (pipeline.data.multilingual): a file a language, aligned.
+        # One multilingual model (pipeline.core.multilingual): a file a language, aligned.
         "multiway_train": Field(dict, None, "one multi-way parallel training set, instead of "
                                 "train_*: {language code: file}, the files aligned line by line",
                                 nullable=True),
@@ -254,9 +253,6 @@ CORPUS_FIELDS = {
     "weight": Field(float, 1.0, "the corpus' share of the mix, relative to the others' (above 0)"),
 }
 CORPUS_KEYS = set(CORPUS_FIELDS)
-# A language code: two letters, maybe a region or script; and a file name ending in one.
-LANGUAGE_CODE = re.compile(r"[a-z]{2}(?:[_-][A-Za-z]{2,4})?")
-LANGUAGE_SUFFIX = re.compile(rf"\.({LANGUAGE_CODE.pattern})(?:\.gz)?$")
 
 
 def schema(model_type=DEFAULT_MODEL_TYPE):
@@ -371,32 +367,11 @@ def _check_multiway(files, where, base_dir):
         raise UserError(f"{where}: a multi-way set needs at least two languages")
     checked = {}
     for language, path in files.items():
-        if not isinstance(language, str) or not LANGUAGE_CODE.fullmatch(language):
+        if not isinstance(language, str) or not multilingual.LANGUAGE_CODE.fullmatch(language):
             raise UserError(f"{where}: {language!r} is not a language code such as de or pt_BR")
         path = check_value(language, Field(str, None, "a file"), path, where)
         checked[language] = _resolve(path, base_dir)
     return checked
-
-
-def _language_suffix(path):
-    match = LANGUAGE_SUFFIX.search(Path(path).name)
-    return match[1] if match else None
-
-
-def model_languages(data):
-    """{"source": code, "target": code}: each side's `data.<side>_language`, else the language
-    suffix its training files all share (train.de.gz -> de); a side with neither is left out.
-    A multilingual model: {"targets": the languages it translates into}."""
-    if multilingual.is_multilingual(data):
-        return {"targets": multilingual.languages(data)}
-    found = {}
-    for side in ("source", "target"):
-        paths = [data[f"train_{side}"]] + [c.get(side) for c in data["train_corpora"] or []]
-        codes = {_language_suffix(path) for path in paths if path}
-        code = data[f"{side}_language"] or (codes.pop() if len(codes) == 1 else None)
-        if code:
-            found[side] = code
-    return found
 
 
 def parse_overrides(assignments):

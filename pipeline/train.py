@@ -14,8 +14,8 @@ from pipeline.config import (
     RELOCATABLE_DATA_KEYS,
     load_config,
 )
+from pipeline.core import multilingual
 from pipeline.core.errors import UserError, report_user_errors
-from pipeline.data import multilingual
 from pipeline.training.distribution import EXIT_RESTART, WorkerLost, current_task
 from pipeline.workdir import CONFIG_FILE, MODEL_FILE, exclusive_writer
 

@@ -79,7 +79,7 @@ def main(argv=None):
     search = _check(args)
     from tqdm import tqdm
 
-    from pipeline.data import multilingual
+    from pipeline.core import multilingual
     from pipeline.data.text_input import read_sentences
     from pipeline.decoding.attention_plot import plot_attention
     from pipeline.decoding.translation import Translator
@@ -99,9 +99,11 @@ def main(argv=None):
     asked = args.target_language
     if args.target_languages:
         asked = read_sentences(args.target_languages, args.errors)
-    requests = multilingual.requests_for(config["data"], sentences, asked,
-                                         "--target-languages" if args.target_languages
-                                         else "--target-language")  # fmt: skip
+    flag = "--target-languages" if args.target_languages else "--target-language"
+    requests = multilingual.tag_requests(
+        sentences, asked, multilingual.languages(config["data"]),
+        multilingual.model_languages(config["data"]).get("target"), flag,
+    )  # fmt: skip
     translator = Translator.from_trained(
         (config, model, source_tokenizer, target_tokenizer), args.batch_size, **search
     )

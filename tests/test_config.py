@@ -13,10 +13,10 @@ from pipeline.config import (
     PROJECT_ROOT,
     SCHEMA,
     load_config,
-    model_languages,
     parse_overrides,
 )
 from pipeline.core.errors import UserError
+from pipeline.core.multilingual import model_languages
 from pipeline.model_types import MODEL_TYPES, model_keys
 
 CONFIGS = sorted((PROJECT_ROOT / "configs").glob("*.yaml"))

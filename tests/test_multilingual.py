@@ -12,9 +12,13 @@ import pytest
 from pipeline import translate
 from pipeline.config import PROJECT_ROOT, load_config
 from pipeline.core.errors import UserError
-from pipeline.data import multilingual
-from pipeline.data.corpus import corpus_of_direction, read_split, scan_multiway
-from pipeline.data.multilingual import Direction, parse_directions, requests_for
+from pipeline.core.multilingual import Direction, parse_directions, tag_requests
+from pipeline.data.corpus import (
+    corpus_of_direction,
+    read_split,
+    scan_multiway,
+    temperature_weights,
+)
 from pipeline.data.tokenizer import Tokenizer, vocabulary_paths
 
 SMOKE = PROJECT_ROOT / "configs" / "smoke_multilingual.yaml"
@@ -39,8 +43,8 @@ def test_directions_all_to_and_from_one_language_or_listed():
 
 def test_temperature_sampling_goes_from_sizes_to_even():
     sizes = [1000, 100, 10]
-    np.testing.assert_allclose(multilingual.temperature_weights(sizes, 1.0), np.array(sizes) / 1110)
-    shares = [multilingual.temperature_weights(sizes, t) for t in (1.0, 2.0, 5.0, 1e6)]
+    np.testing.assert_allclose(temperature_weights(sizes, 1.0), np.array(sizes) / 1110)
+    shares = [temperature_weights(sizes, t) for t in (1.0, 2.0, 5.0, 1e6)]
     smallest = [share[-1] for share in shares]
     assert smallest == sorted(smallest)  # a higher temperature gives the small direction more
     np.testing.assert_allclose(shares[-1], [1 / 3] * 3, atol=1e-4)
@@ -132,21 +136,21 @@ def test_the_directions_are_read_tagged_aligned_and_mixed_as_configured(tmp_path
     assert de_en.sources[7] == "" and de_en.sources[8] == "<2en> de 8"
 
 
-def test_requests_are_tagged_for_a_multilingual_model_and_checked(tmp_path):
-    files = write_multiway(tmp_path, {"de": ["a"], "en": ["a"], "fr": ["a"]})
-    data = multiway_config(tmp_path, files)["data"]
-    assert requests_for(data, ["Ein Hund.", ""], "fr") == ["<2fr> Ein Hund.", ""]
-    assert requests_for(data, ["a", "b"], ["en", "de"]) == ["<2en> a", "<2de> b"]
+def test_requests_are_tagged_for_a_multilingual_model_and_checked():
+    known, flag = ["de", "en", "fr"], "--target-language"
+    assert tag_requests(["Ein Hund.", ""], "fr", known) == ["<2fr> Ein Hund.", ""]
+    assert tag_requests(["a", "b"], ["en", "de"], known) == ["<2en> a", "<2de> b"]
     with pytest.raises(UserError, match="translates into de, en, fr: give --target-language"):
-        requests_for(data, ["a"], None)
-    with pytest.raises(UserError, match="--target-language: unknown language 'pt'"):
-        requests_for(data, ["a"], "pt")
+        tag_requests(["a"], None, known, name=flag)
+    with pytest.raises(ValueError, match="target_language: unknown language 'pt'"):
+        tag_requests(["a"], "pt", known, error=ValueError)
     with pytest.raises(UserError, match="2 target languages for 1 sentences"):
-        requests_for(data, ["a"], ["en", "de"])
-    bilingual = load_config(SMOKE.with_name("smoke.yaml"))["data"]
-    assert requests_for(bilingual, ["Ein Hund."], "en") == ["Ein Hund."]
+        tag_requests(["a"], ["en", "de"], known)
+    # A bilingual model takes its own target language only, and leaves sentences as they are.
+    assert tag_requests(["Ein Hund."], "en", [], "en") == ["Ein Hund."]
+    assert tag_requests(["Ein Hund."], None, [], "en") == ["Ein Hund."]
     with pytest.raises(UserError, match="this model translates into en only, not fr"):
-        requests_for(bilingual, ["Ein Hund."], "fr")
+        tag_requests(["Ein Hund."], "fr", [], "en", flag)
 
 
 @pytest.fixture(scope="module")

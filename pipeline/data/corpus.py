@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from pipeline.core import multilingual
 from pipeline.core.errors import UserError
-from pipeline.data import multilingual
 
 
 @dataclasses.dataclass
@@ -378,6 +378,13 @@ def scan_training_corpora(data_config, sample_size=0, seed=0, log=print):
     return corpora, source_sample, target_sample
 
 
+def temperature_weights(sizes, temperature):
+    """Each direction's share of the mix: size^(1/T), normalised (as fairseq's
+    `--sampling-temperature`: T = 1 samples by size, a large T evenly)."""
+    scaled = np.asarray(sizes, dtype=np.float64) ** (1.0 / temperature)
+    return (scaled / scaled.sum()).tolist()
+
+
 def scan_multiway(data_config, sample_size=0, seed=0, log=print):
     """`scan_training_corpora` for a multi-way set: each language's file counted and checked
     once, a training corpus a direction of `data.directions` (its sources tagged, its weight
@@ -397,8 +404,9 @@ def scan_multiway(data_config, sample_size=0, seed=0, log=print):
         samples[language] = reservoir.lines if reservoir else []
     _check_multiway_counts(files, counts)
     directions = multilingual.training_directions(data_config)
-    shares = multilingual.temperature_weights([counts[d.source] for d in directions],
-                                              data_config["sampling_temperature"])  # fmt: skip
+    shares = temperature_weights(
+        [counts[d.source] for d in directions], data_config["sampling_temperature"]
+    )
     corpora = [
         TrainingCorpus(str(d), (Shard(files[d.source], files[d.target], counts[d.source]),),
                        share, bad[d.source] + bad[d.target],

@@ -15,9 +15,9 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from layers.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from pipeline.core import multilingual
 from pipeline.core.atomic_files import atomic_path
 from pipeline.core.errors import UnusableFileError, UserError
-from pipeline.data import multilingual
 
 SPECIAL_PIECES = {
     "pad_piece": "<pad>",

@@ -5,7 +5,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from pipeline.data import multilingual
+from pipeline.core import multilingual
 from pipeline.data.length_batches import length_sorted_batches
 from pipeline.data.tokenizer import EOS_ID, PAD_ID, UNK_ID
 from pipeline.decoding.search import search
@@ -62,14 +62,12 @@ class Translator:
         target tokenizer), searching with the config's decode section overridden by
         `options` (any search option), `batch_size` sentences at a time (default:
         decode.batch_size)."""
-        from pipeline.config import model_languages
-
         config, model, source_tokenizer, target_tokenizer = trained
         search = SearchOptions.from_config(config["decode"], **options)
         batch_size = batch_size or config["decode"]["batch_size"]
         return cls(model, source_tokenizer, target_tokenizer, search, batch_size,
                    multilingual.languages(config["data"]),
-                   model_languages(config["data"]).get("target"))  # fmt: skip
+                   multilingual.model_languages(config["data"]).get("target"))  # fmt: skip
 
     def _searchers(self, options):
         if options not in self._searches:
@@ -147,7 +145,7 @@ class Translator:
 
     def requests(self, sentences, target_language=None):
         """`sentences` as the model takes them: tagged with their target language for a
-        multilingual model (`pipeline.data.multilingual.tag_requests`)."""
+        multilingual model (`pipeline.core.multilingual.tag_requests`)."""
         return multilingual.tag_requests(
             list(sentences), target_language, self.languages, self.target_language,
             "target_language", ValueError,

@@ -12,9 +12,9 @@ import numpy as np
 import tensorflow as tf
 
 from pipeline.config import save_config
+from pipeline.core import multilingual
 from pipeline.core.atomic_files import write_text_atomically
 from pipeline.core.errors import UserError, first_line
-from pipeline.data import multilingual
 from pipeline.data.corpus import read_split, scan_multiway, scan_training_corpora
 from pipeline.data.dataset import (
     ESTIMATE_SAMPLE,

@@ -8,18 +8,20 @@ same text before a sentence and so gives the same ids.
 
 The set is a file per language, aligned line by line across all of them (`data.multiway_*`).
 `data.directions` picks the ordered pairs to train; the others are left for zero-shot
-translation. Directions are mixed with weights proportional to their size to the power 1/T
-(`data.sampling_temperature`, as fairseq's `--sampling-temperature`): T = 1 samples by size,
-a large T evenly.
+translation (`pipeline.data.corpus.scan_multiway` reads the set and mixes the directions).
+Plain Python: the configuration, the data pipeline and every runtime read it.
 """
 
 import dataclasses
 import itertools
-
-import numpy as np
+import re
+from pathlib import Path
 
 from pipeline.core.errors import UserError
 
+# A language code: two letters, maybe a region or script; and a file name ending in one.
+LANGUAGE_CODE = re.compile(r"[a-z]{2}(?:[_-][A-Za-z]{2,4})?")
+LANGUAGE_SUFFIX = re.compile(rf"\.({LANGUAGE_CODE.pattern})(?:\.gz)?$")
 SPLITS = ("train", "valid", "test")
 SPLIT_KEYS = {split: f"multiway_{split}" for split in SPLITS}
 ALL_DIRECTIONS = "all"
@@ -99,21 +101,6 @@ def training_directions(data):
     return parse_directions(data["directions"], languages(data))
 
 
-def temperature_weights(sizes, temperature):
-    """Each direction's share of the mix: size^(1/T), normalised."""
-    scaled = np.asarray(sizes, dtype=np.float64) ** (1.0 / temperature)
-    return (scaled / scaled.sum()).tolist()
-
-
-def requests_for(data, sentences, languages_asked, name="--target-language"):
-    """`sentences` as the model of configuration `data` takes them (`tag_requests`), a
-    `UserError` for a missing or unknown language."""
-    from pipeline.config import model_languages  # the configuration reads this module
-
-    return tag_requests(sentences, languages_asked, languages(data),
-                        model_languages(data).get("target"), name)  # fmt: skip
-
-
 def tag_requests(sentences, languages_asked, known, own_target=None, name="target_language",
                  error=UserError):  # fmt: skip
     """`sentences` as a model takes them. A multilingual model (`known`: the languages it
@@ -144,3 +131,24 @@ def _as_list(languages_asked, sentences, error):
         raise error(f"{len(languages_asked)} target languages for {len(sentences)} sentences: "
                     "one a sentence, or one for all")  # fmt: skip
     return list(languages_asked)
+
+
+def _language_suffix(path):
+    match = LANGUAGE_SUFFIX.search(Path(path).name)
+    return match[1] if match else None
+
+
+def model_languages(data):
+    """{"source": code, "target": code}: each side's `data.<side>_language`, else the language
+    suffix its training files all share (train.de.gz -> de); a side with neither is left out.
+    A multilingual model: {"targets": the languages it translates into}."""
+    if is_multilingual(data):
+        return {"targets": languages(data)}
+    found = {}
+    for side in ("source", "target"):
+        paths = [data[f"train_{side}"]] + [c.get(side) for c in data["train_corpora"] or []]
+        codes = {_language_suffix(path) for path in paths if path}
+        code = data[f"{side}_language"] or (codes.pop() if len(codes) == 1 else None)
+        if code:
+            found[side] = code
+    return found
