@@ -227,7 +227,9 @@ def test_the_onnx_export_translates_into_each_language_asked_as_the_model_does(t
     runtime = OnnxTranslator(exported / "onnx")
     assert runtime.languages == ["de", "en", "fr"]
     assert json.loads((exported / "onnx" / "model.json").read_text())["languages"] == {
-        "targets": ["de", "en", "fr"]}  # fmt: skip
+        "targets": ["de", "en", "fr"],
+        "tags": {"de": "<2de>", "en": "<2en>", "fr": "<2fr>"},
+    }
     sentences, languages = SENTENCES, LANGUAGES
     loaded = load_trained(trained)
     in_process = Translator.from_trained(loaded).translate(sentences, target_language=languages)
@@ -313,3 +315,28 @@ def test_the_client_sends_a_target_language_in_both_protocols(exported):
     expected = loaded.signatures["serving_default"](
         sentences=tf.constant(SENTENCES), target_language=tf.constant(LANGUAGES))  # fmt: skip
     assert outputs["translations"].numpy().tolist() == expected["translations"].numpy().tolist()
+
+
+def test_the_node_example_translates_into_the_language_asked(exported):
+    from export.runtime import OnnxTranslator
+    from helpers import node_example
+
+    node, example = node_example("node")
+    sentences = ["Ein Hund läuft über eine Wiese.", "", "Zwei Männer stehen."]
+    runtime = OnnxTranslator(exported / "onnx")
+    for language in ("en", "fr"):
+        result = subprocess.run(
+            [node, "translate.mjs", str(exported / "onnx"), *sentences, "--to", language],
+            cwd=example, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        expected = runtime.translate(sentences, target_language=language)
+        assert result.stdout.split("\n")[: len(sentences)] == expected
+    for flags, says in [([], "translates into de, en, fr: give --to"),
+                        (["--to", "cs"], "--to: unknown language 'cs'")]:  # fmt: skip
+        result = subprocess.run(
+            [node, "translate.mjs", str(exported / "onnx"), "Ein Hund.", *flags],
+            cwd=example, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert result.returncode == 2 and says in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1

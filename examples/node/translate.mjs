@@ -2,8 +2,10 @@
 //
 //   npm install --ignore-scripts      # the CPU runtime ships in the package
 //   node translate.mjs EXPORT_DIR/onnx "Ein Hund läuft über eine Wiese." [--beam-size 5]
-//     [--length-penalty A] [--max-length N]
+//     [--length-penalty A] [--max-length N] [--to fr]
 //
+// --to: the language a multilingual model translates into (model.json lists its languages
+// and their tags).
 // Prints one translation a line. Tokenisation uses the exported SentencePiece models (the
 // same files the Python runtime and the SavedModel use), so all three give the same ids.
 import fs from "node:fs";
@@ -17,13 +19,14 @@ function parseArgs(argv) {
     if (argv[i] === "--beam-size") args.options.beam_size = Number(argv[++i]);
     else if (argv[i] === "--length-penalty") args.options.length_penalty = Number(argv[++i]);
     else if (argv[i] === "--max-length") args.options.max_length = Number(argv[++i]);
+    else if (argv[i] === "--to") args.to = argv[++i];
     else if (args.directory === undefined) args.directory = argv[i];
     else args.sentences.push(argv[i]);
   }
   if (args.directory === undefined || args.sentences.length === 0) {
     console.error(
       "usage: node translate.mjs EXPORT_DIR/onnx SENTENCE... " +
-        "[--beam-size K] [--length-penalty A] [--max-length N]",
+        "[--beam-size K] [--length-penalty A] [--max-length N] [--to LANGUAGE]",
     );
     process.exit(2);
   }
@@ -97,12 +100,32 @@ async function translate({ metadata, session, source, target }, sentences, optio
   });
 }
 
+// The sentences as the model takes them: a multilingual model's, each after the tag of the
+// language asked (a blank one stays blank); a bilingual model takes only its own language.
+function requests({ languages = {} }, sentences, to) {
+  const tags = languages.tags ?? {};
+  const known = Object.keys(tags).sort();
+  if (known.length === 0) {
+    if (to !== undefined && to !== languages.target) {
+      throw new Error(`--to: this model translates into ${languages.target ?? "one language"} only, not ${to}`);
+    }
+    return sentences;
+  }
+  if (to === undefined) throw new Error(`this model translates into ${known.join(", ")}: give --to`);
+  if (!(to in tags)) {
+    throw new Error(`--to: unknown language '${to}'; this model translates into ${known.join(", ")}`);
+  }
+  return sentences.map((s) => (s.trim() === "" ? s : `${tags[to]} ${s}`));
+}
+
 const args = parseArgs(process.argv.slice(2));
 let translator;
+let sentences;
 try {
   translator = await loadTranslator(args.directory);
+  sentences = requests(translator.metadata, args.sentences, args.to);
 } catch (error) {
   console.error(`error: ${error.message}`);
   process.exit(2);
 }
-for (const line of await translate(translator, args.sentences, args.options)) console.log(line);
+for (const line of await translate(translator, sentences, args.options)) console.log(line);

@@ -141,9 +141,11 @@ def _language_suffix(path):
 def model_languages(data):
     """{"source": code, "target": code}: each side's `data.<side>_language`, else the language
     suffix its training files all share (train.de.gz -> de); a side with neither is left out.
-    A multilingual model: {"targets": the languages it translates into}."""
+    A multilingual model: {"targets": the languages it translates into, "tags": {code: its
+    tag}}, so that a runtime in another language needs no rule of its own."""
     if is_multilingual(data):
-        return {"targets": languages(data)}
+        return {"targets": languages(data), "tags": {code: language_tag(code)
+                                                     for code in languages(data)}}  # fmt: skip
     found = {}
     for side in ("source", "target"):
         paths = [data[f"train_{side}"]] + [c.get(side) for c in data["train_corpora"] or []]
