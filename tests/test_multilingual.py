@@ -172,6 +172,7 @@ def test_training_builds_one_vocabulary_with_the_tags_and_scores_each_direction(
     assert tokenizer.processor.encode("Příliš žluťoučký kůň", out_type=str)  # no <unk> needed
     report = json.loads((trained / "test_report.json").read_text())
     assert sorted(report["directions"]) == ["de-en", "en-de", "en-fr", "fr-en"]
+    assert all(0 <= s["wrong_language"] <= 100 for s in report["directions"].values())
     assert all(0 <= s["chrf"] <= 100 and s["sentences"] == 1000
                for s in report["directions"].values())  # fmt: skip
 
@@ -340,3 +341,15 @@ def test_the_node_example_translates_into_the_language_asked(exported):
         )  # fmt: skip
         assert result.returncode == 2 and says in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_wrong_language_share_counts_translations_in_another_language():
+    from pipeline.decoding.evaluation import LanguageIdentifier
+
+    identify = LanguageIdentifier(["de", "en", "fr", "cs"])
+    texts = ["A dog runs across a meadow.", "Two men are playing football in a park.",
+             "Ein Hund läuft über eine Wiese.", "Un chien court dans un pré.", ""]  # fmt: skip
+    assert identify.wrong_share(texts, "en") == 50.0  # of the 4 non-blank, 2 are not English
+    assert identify.wrong_share(texts[2:3], "de") == 0.0
+    assert identify.wrong_share([""], "en") is None
+    assert LanguageIdentifier(["en", "xx"]).wrong_share(texts, "en") is None  # cannot tell

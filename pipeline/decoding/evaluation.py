@@ -21,20 +21,53 @@ def score_translations(hypotheses, references):
 
 
 def score_directions(hypotheses, corpus):
-    """{direction: `score_translations`} of each direction a multilingual split holds ({}
-    for a bilingual one)."""
-    return {
-        str(direction): score_translations(hypotheses[start:end], corpus.targets[start:end])
-        for direction, start, end in corpus.directions
-    }
+    """{direction: `score_translations` and the share of translations in the wrong language}
+    of each direction a multilingual split holds ({} for a bilingual one)."""
+    languages = {code for direction, _, _ in corpus.directions
+                 for code in (direction.source, direction.target)}  # fmt: skip
+    identify = LanguageIdentifier(languages)
+    scores = {}
+    for direction, start, end in corpus.directions:
+        found = hypotheses[start:end]
+        scores[str(direction)] = score_translations(found, corpus.targets[start:end])
+        scores[str(direction)]["wrong_language"] = identify.wrong_share(found, direction.target)
+    return scores
+
+
+class LanguageIdentifier:
+    """langid.py's model (py3langid, shipped in its package: nothing is downloaded), choosing
+    among `languages` only; codes it does not know (beyond their first two letters) are left
+    out, and with fewer than two left it identifies nothing."""
+
+    def __init__(self, languages):
+        from py3langid.langid import MODEL_FILE
+        from py3langid.langid import LanguageIdentifier as Identifier
+
+        self.identifier = Identifier.from_model_file(MODEL_FILE)
+        self.codes = {language: language[:2] for language in languages
+                      if language[:2] in self.identifier.nb_classes}  # fmt: skip
+        if len(set(self.codes.values())) > 1:
+            self.identifier.set_languages(sorted(set(self.codes.values())))
+
+    def wrong_share(self, texts, language):
+        """The share (in %, two decimals) of the non-blank `texts` identified as another of
+        the languages than `language`; None when it cannot tell."""
+        texts = [text for text in texts if text.strip()]
+        if language not in self.codes or len(set(self.codes.values())) < 2 or not texts:
+            return None
+        wrong = sum(self.identifier.classify(text)[0] != self.codes[language] for text in texts)
+        return round(100 * wrong / len(texts), 2)
 
 
 def direction_table(scores):
     """`score_directions`' figures as a Markdown table, a row a direction."""
-    rows = [f"| {direction} | {s['bleu']} | {s['bleu_lowercase']} | {s['chrf']} |"
-            for direction, s in scores.items()]  # fmt: skip
-    return "\n".join(["| direction | BLEU | BLEU lowercased | chrF |", "|---|---:|---:|---:|",
-                      *rows])  # fmt: skip
+    rows = [
+        f"| {direction} | {s['bleu']} | {s['bleu_lowercase']} | {s['chrf']} | "
+        f"{'-' if s['wrong_language'] is None else s['wrong_language']} |"
+        for direction, s in scores.items()
+    ]
+    return "\n".join(["| direction | BLEU | BLEU lowercased | chrF | wrong language % |",
+                      "|---|---:|---:|---:|---:|", *rows])  # fmt: skip
 
 
 def corpus_perplexity(model, corpus, source_tokenizer, target_tokenizer, config, name, log=print):
