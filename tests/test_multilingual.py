@@ -353,3 +353,30 @@ def test_the_wrong_language_share_counts_translations_in_another_language():
     assert identify.wrong_share(texts[2:3], "de") == 0.0
     assert identify.wrong_share([""], "en") is None
     assert LanguageIdentifier(["en", "xx"]).wrong_share(texts, "en") is None  # cannot tell
+
+
+def test_the_browser_page_offers_the_models_languages_and_translates_into_the_one_chosen(
+    exported, tmp_path
+):
+    from test_web_example import browser_tools, drive, serving
+
+    from export.runtime import OnnxTranslator
+
+    node, chromium = browser_tools()
+    sentences = ["Ein Hund läuft über eine Wiese.", "Zwei Männer stehen."]
+    runtime = OnnxTranslator(exported / "onnx")
+    screenshot = tmp_path / "page.png"
+    with serving(node, exported / "onnx") as address:
+        into_french = drive(node, chromium, address, sentences, "--to", "fr",
+                            "--screenshot", str(screenshot))  # fmt: skip
+        unchosen = drive(node, chromium, address, sentences[:1])
+    assert into_french.returncode == 0, into_french.stderr
+    shown = json.loads(into_french.stdout)
+    assert [s["translation"] for s in shown] == runtime.translate(sentences, target_language="fr")
+    assert shown[0]["languages"] == "into German, English, French"
+    assert shown[0]["targetLabel"] == "French"
+    # The menu starts at the first language (German): the page never sends a request without one.
+    assert unchosen.returncode == 0, unchosen.stderr
+    first = json.loads(unchosen.stdout)[0]["translation"]
+    assert first == runtime.translate(sentences[:1], target_language="de")[0]
+    assert screenshot.read_bytes().startswith(b"\x89PNG")

@@ -21,7 +21,11 @@ BEAM_SIZE = 3  # not the exported default (5): the page's control must reach the
 
 @pytest.fixture(scope="module")
 def tools():
-    """(node, chromium), with the example's packages installed."""
+    return browser_tools()
+
+
+def browser_tools():
+    """(node, chromium), with the example's packages installed; skips the test without."""
     chromium = next(filter(None, map(shutil.which, ("chromium", "chromium-browser"))), None)
     if not chromium:
         pytest.skip("chromium is needed to test the page in a browser")

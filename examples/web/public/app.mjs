@@ -32,6 +32,23 @@ function showLanguages({ source, target }) {
   element("target-label").textContent = targetName ?? "Translation";
 }
 
+// A multilingual model: a menu of the languages it translates into, the header naming them.
+function showLanguageMenu(codes) {
+  const menu = element("target-language");
+  menu.replaceChildren(...codes.map((code) => {
+    const option = node("option", languageName(code) ?? code);
+    option.value = code;
+    return option;
+  }));
+  element("target-language-field").hidden = false;
+  element("languages").textContent = `into ${codes.map(languageName).join(", ")}`;
+  const label = () => {
+    element("target-label").textContent = languageName(menu.value) ?? "Translation";
+  };
+  menu.addEventListener("change", label);
+  label();
+}
+
 function node(tag, text, className) {
   const created = document.createElement(tag);
   created.textContent = text;
@@ -91,7 +108,7 @@ function readOptions() {
   if (!Number.isFinite(lengthPenalty) || lengthPenalty < 0) {
     throw new Error("The length penalty is a number from 0.");
   }
-  return { beamSize, lengthPenalty };
+  return { beamSize, lengthPenalty, targetLanguage: element("target-language").value };
 }
 
 function describe({ sourcePieces, hypotheses, cutFrom }, milliseconds) {
@@ -141,7 +158,8 @@ async function start() {
   const seconds = ((performance.now() - startTime) / 1000).toFixed(1);
   modelDescription = `${metadata.model} (opset ${metadata.opset}) loaded in ${seconds} s · ` +
     `WebAssembly, ${threads} thread${threads === 1 ? "" : "s"}`;
-  showLanguages(metadata.languages ?? {});
+  if (translator.languages.length > 0) showLanguageMenu(translator.languages);
+  else showLanguages(metadata.languages ?? {});
   element("beam-size").value = metadata.defaults.beam_size;
   element("length-penalty").value = metadata.defaults.length_penalty;
   element("source").disabled = false;

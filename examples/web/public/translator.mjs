@@ -85,19 +85,37 @@ export class Translator {
     Object.assign(this, { metadata, session, source, target, sourcePieces, targetPieces });
   }
 
+  // The languages a multilingual model translates into ([] for a bilingual one), each with
+  // the tag that asks for it (model.json).
+  get languages() {
+    return Object.keys(this.metadata.languages?.tags ?? {}).sort();
+  }
+
+  // `text` as the model takes it: after the tag of `targetLanguage` for a multilingual model
+  // (a blank text stays blank), as every other runtime puts it.
+  request(text, targetLanguage) {
+    if (this.languages.length === 0 || text.trim() === "") return text;
+    const tag = this.metadata.languages.tags[targetLanguage];
+    if (tag === undefined) {
+      throw new Error(`Unknown target language '${targetLanguage}': this model translates ` +
+        `into ${this.languages.join(", ")}.`);
+    }
+    return `${tag} ${text}`;
+  }
+
   // How many threads the WebAssembly backend runs on: more than one only where the page is
   // cross-origin isolated (serve.mjs sends the headers) and the machine has cores to spare.
   get threads() {
     return ort.env.wasm.numThreads;
   }
 
-  // The n-best hypotheses of `text`, best first, each with its text, score, target pieces
+  // The n-best hypotheses of `text` (into `targetLanguage`, for a multilingual model), best first, each with its text, score, target pieces
   // (</s> included where it ended) and attention rows over the source pieces. Sources are
   // cut at max_source_length pieces, and an empty one gives no hypotheses (an empty
   // translation), as in the Python runtime.
-  async translate(text, { beamSize, lengthPenalty }) {
+  async translate(text, { beamSize, lengthPenalty, targetLanguage }) {
     const { pad, eos } = this.metadata.special_ids;
-    const allIds = this.source.encodeIds(text);
+    const allIds = this.source.encodeIds(this.request(text, targetLanguage));
     const sourceIds = allIds.slice(0, this.metadata.max_source_length);
     const result = {
       sourcePieces: sourceIds.map((id) => this.sourcePieces[id]),

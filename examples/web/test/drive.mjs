@@ -1,7 +1,8 @@
 // Drives the page in a headless browser, as a person would: types each sentence, presses
 // Enter and reads what the page shows. Prints one JSON object per sentence, as a JSON array.
 //
-//   node test/drive.mjs URL --browser /usr/bin/chromium [--beam-size K] [--screenshot PNG]
+//   node test/drive.mjs URL --browser /usr/bin/chromium [--beam-size K] [--to LANGUAGE]
+//     [--screenshot PNG]
 //     SENTENCE...
 //
 // puppeteer-core downloads no browser: --browser names the one to run. The screenshot is
@@ -13,6 +14,7 @@ function parseArgs(argv) {
   for (let i = 0; i < argv.length; i++) {
     if (argv[i] === "--browser") args.browser = argv[++i];
     else if (argv[i] === "--beam-size") args.beamSize = argv[++i];
+    else if (argv[i] === "--to") args.to = argv[++i];
     else if (argv[i] === "--screenshot") args.screenshot = argv[++i];
     else if (args.url === undefined) args.url = argv[i];
     else args.sentences.push(argv[i]);
@@ -62,6 +64,7 @@ function readResult() {
     rowLabels: [...heatmap.querySelectorAll(".row-label")].map((n) => n.textContent),
     cells: heatmap.querySelectorAll(".cell").length,
     languages: text("languages"),
+    targetLabel: text("target-label"),
   };
 }
 
@@ -78,6 +81,7 @@ try {
   await page.goto(args.url);
   await waitUntilReady(page, null);
   if (args.beamSize !== undefined) await setField(page, "#beam-size", args.beamSize);
+  if (args.to !== undefined) await page.select("#target-language", args.to);
   const results = [];
   for (const sentence of args.sentences) {
     await setField(page, "#source", sentence);
