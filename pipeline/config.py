@@ -182,10 +182,11 @@ SCHEMA = {
         "early_stopping_patience": positive_int(None, "stop when the validation loss has not "
                                                 "fallen for N epochs, keep the best (null: "
                                                 "never)", nullable=True),
-        "bleu_every_epochs": Field(int, 0, "validation BLEU (val_bleu) every N epochs (0: never; "
-                                   "needs validation data)", minimum=0),
+        "bleu_every_epochs": Field(int, 0, "validation BLEU (val_bleu; multilingual: also "
+                                   "val_bleu_<direction>) every N epochs (0: never; needs "
+                                   "validation data)", minimum=0),
         "bleu_subset": positive_int(200, "validation sentences translated for that BLEU, the "
-                                    "first N"),
+                                    "first N (of each direction, multilingual)"),
         "attention_images": Field(int, 3, "the first N validation sentences' attention drawn "
                                   "each epoch for TensorBoard (0: none)", minimum=0),
         "jit_compile": Field(bool, False, "compile the training step with XLA (Keras' "
@@ -476,7 +477,9 @@ def _check_training_settings(config, where):
             f"{where}: train.average_checkpoints ({train['average_checkpoints']}) exceeds "
             f"train.keep_checkpoints ({train['keep_checkpoints']}): only that many are kept"
         )
-    if train["bleu_every_epochs"] and not (data["valid_tsv"] or data["valid_source"]):
+    if train["bleu_every_epochs"] and not (
+        data["valid_tsv"] or data["valid_source"] or data["multiway_valid"]
+    ):
         raise UserError(f"{where}: train.bleu_every_epochs needs validation data")
 
 

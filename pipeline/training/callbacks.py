@@ -382,28 +382,35 @@ class StopOnSignal(keras.callbacks.Callback):
 
 
 class ValidationBleu(keras.callbacks.Callback):
-    """Every `every_epochs` epochs, translates a validation subset and logs `val_bleu`.
+    """Every `every_epochs` epochs, translates a validation subset and logs `val_bleu`, and
+    for a multilingual model `val_bleu_<direction>` for each of its `directions` (`(name,
+    start, end)` lines of the subset).
 
     `translator` decodes with `float32_model`, the plain float32 model that is saved and
     exported, which first takes the trained weights.
     """
 
-    def __init__(self, translator, float32_model, sources, references, every_epochs):
+    def __init__(self, translator, float32_model, sources, references, every_epochs,
+                 directions=()):  # fmt: skip
         super().__init__()
         self.translator = translator
         self.float32_model = float32_model
         self.sources = sources
         self.references = references
         self.every_epochs = every_epochs
+        self.directions = directions
 
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self.every_epochs:
             return
         self.float32_model.set_weights(self.model.get_weights())
         hypotheses = self.translator.translate(self.sources)
-        scores = score_translations(hypotheses, self.references)
-        if logs is not None:
-            logs["val_bleu"] = scores["bleu"]
+        if logs is None:
+            return
+        logs["val_bleu"] = score_translations(hypotheses, self.references)["bleu"]
+        for name, start, end in self.directions:
+            scores = score_translations(hypotheses[start:end], self.references[start:end])
+            logs[f"val_bleu_{name}"] = scores["bleu"]
 
 
 class AttentionImages(keras.callbacks.Callback):

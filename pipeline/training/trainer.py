@@ -114,6 +114,21 @@ def _validation_data(config, corpus, tokenizers, log):
     return with_known_length(make_dataset(encoded, **batching_options(config)))
 
 
+def _bleu_subset(valid, size):
+    """(sources, references, directions) that validation BLEU translates: the first `size`
+    pairs, or of a multilingual split, the first `size` of each direction (`(name, start,
+    end)` each)."""
+    if not valid.directions:
+        return valid.sources[:size], valid.targets[:size], ()
+    sources, references, directions = [], [], []
+    for direction, start, end in valid.directions:
+        first = len(sources)
+        sources += valid.sources[start : min(end, start + size)]
+        references += valid.targets[start : min(end, start + size)]
+        directions.append((str(direction), first, len(sources)))
+    return sources, references, directions
+
+
 def _remaining_work(steps_per_epoch, epochs, completed_epochs, step, log):
     """(first epoch, end epoch, steps per epoch) for each `fit` still to run.
 
@@ -407,10 +422,10 @@ class TrainingRun:
         train, valid = self.train, self.corpora["valid"]
         callbacks = []
         if train["bleu_every_epochs"]:
-            sources = valid.sources[: train["bleu_subset"]]
+            sources, references, directions = _bleu_subset(valid, train["bleu_subset"])
             callbacks.append(training_callbacks.ValidationBleu(
-                self.translator, self.float32_model, sources, valid.targets[: len(sources)],
-                train["bleu_every_epochs"]))  # fmt: skip
+                self.translator, self.float32_model, sources, references,
+                train["bleu_every_epochs"], directions))  # fmt: skip
         attends = MODEL_TYPES[self.config["model"]["type"]].attends(self.config["model"])
         if train["attention_images"] and self.valid_data is not None and attends:
             callbacks.append(training_callbacks.AttentionImages(
