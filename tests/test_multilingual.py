@@ -382,3 +382,41 @@ def test_the_browser_page_offers_the_models_languages_and_translates_into_the_on
     first = json.loads(unchosen.stdout)[0]["translation"]
     assert first == runtime.translate(sentences[:1], target_language="de")[0]
     assert screenshot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_multilingual_transformers_ctranslate2_export_translates_with_the_tag(tmp_path):
+    import ctranslate2
+    import sentencepiece
+    import yaml
+
+    from export.exporter import export_model
+    from pipeline import train
+    from pipeline.decoding.translation import Translator
+    from pipeline.workdir import load_trained
+
+    # The multilingual smoke recipe with the Transformer smoke model, its paths made absolute.
+    recipe = yaml.safe_load(SMOKE.read_text())
+    recipe["model"] = yaml.safe_load((SMOKE.parent / "smoke_transformer.yaml").read_text())["model"]
+    for split in ("train", "valid", "test"):
+        files = recipe["data"][f"multiway_{split}"]
+        recipe["data"][f"multiway_{split}"] = {
+            language: str((SMOKE.parent / path).resolve()) for language, path in files.items()
+        }
+    config = tmp_path / "transformer.yaml"
+    config.write_text(yaml.safe_dump(recipe))
+    workdir = tmp_path / "run"
+    train.main(["--config", str(config), "--workdir", str(workdir), "--set",
+                "train.bleu_every_epochs=0"])  # fmt: skip
+    exported = export_model(workdir, tmp_path / "out", ["ctranslate2"], log=lambda _: None)
+    directory = exported["ctranslate2"]
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(directory / "shared.model"))
+    translator = ctranslate2.Translator(str(directory))
+    # Greedy, with one length limit for both (the tiny model seldom ends by itself).
+    ours = Translator.from_trained(load_trained(workdir), beam_size=1, max_length=12)
+    sentences = ["Ein Hund läuft über eine Wiese.", "Zwei Männer stehen am Strand."]
+    for language in ("en", "fr"):
+        tokens = processor.encode([f"<2{language}> {s}" for s in sentences], out_type=str)
+        assert all(row[1] == f"<2{language}>" for row in tokens)  # the tag: one token
+        results = translator.translate_batch(tokens, beam_size=1, max_decoding_length=12)
+        theirs = [processor.decode(result.hypotheses[0]) for result in results]
+        assert theirs == ours.translate(sentences, target_language=language)
