@@ -1,7 +1,7 @@
 """Evaluate a trained model: BLEU and chrF (sacreBLEU) and perplexity on a split.
 
     python -m pipeline.evaluate --workdir DIR [--split test|valid|FILE] [--beam-size N]
-        [any search flag of pipeline.translate]
+        [--directions de-fr,fr-de] [any search flag of pipeline.translate]
 
 FILE is a TSV of source<TAB>reference. The report is printed and written to
 DIR/eval_<split>.json.
@@ -26,24 +26,31 @@ def parse_args(argv):
     parser.add_argument("--workdir", type=Path, required=True, help="a trained work directory")
     parser.add_argument("--split", default="test", help="test, valid (or val), or a TSV file")
     parser.add_argument("--batch-size", type=int, help="default: decode.batch_size")
+    parser.add_argument("--directions", help="a multilingual model: the directions of the split "
+                        "to score, trained or not (zero-shot), as data.directions takes them "
+                        "(default: the trained ones)")  # fmt: skip
     # Scored is each sentence's best translation: no n-best list.
     add_search_arguments(parser, exclude=("n_best",))
     return parser.parse_args(argv)
 
 
-def _corpus(config, split):
-    from pipeline.data.corpus import read_split, read_tsv
+def _corpus(config, split, directions=None):
+    from pipeline.core import multilingual
+    from pipeline.data.corpus import read_multiway, read_split, read_tsv
 
     name = {"val": "valid"}.get(split, split)
+    if directions is not None and not multilingual.is_multilingual(config["data"]):
+        raise UserError("--directions: this model translates one direction")
     if name in ("test", "valid"):
-        corpus = read_split(config["data"], name)
+        corpus = (read_split(config["data"], name) if directions is None
+                  else read_multiway(config["data"], name, directions))  # fmt: skip
         if corpus is None:
             raise UserError(f"the configuration has no {name} data (data.{name}_source)")
         return name, corpus
     return Path(split).name, read_tsv(split)
 
 
-def translate_split(loaded, split, batch_size=None, **search):
+def translate_split(loaded, split, batch_size=None, directions=None, **search):
     """Translate a split with a trained model, `load_trained`'s (config, model, source
     tokenizer, target tokenizer), and its decode settings (overridden by `search`, any
     `SearchOptions` field).
@@ -54,7 +61,7 @@ def translate_split(loaded, split, batch_size=None, **search):
 
     from pipeline.decoding.translation import Translator
 
-    name, corpus = _corpus(loaded[0], split)
+    name, corpus = _corpus(loaded[0], split, directions)
     translator = Translator.from_trained(loaded, batch_size, **search)
     options = translator.options
     with tqdm(total=len(corpus), unit="sent", file=sys.stderr, desc=f"translating {name}") as bar:
@@ -80,7 +87,7 @@ def main(argv=None):
     loaded = load_trained(args.workdir)
     config, model, source_tokenizer, target_tokenizer = loaded
     name, corpus, hypotheses, options = translate_split(
-        loaded, args.split, args.batch_size, **search
+        loaded, args.split, args.batch_size, args.directions, **search
     )
     report = score_translations(hypotheses, corpus.targets)
     if corpus.directions:  # a multilingual model: a row a direction, the pooled figures above

@@ -420,3 +420,15 @@ def test_a_multilingual_transformers_ctranslate2_export_translates_with_the_tag(
         results = translator.translate_batch(tokens, beam_size=1, max_decoding_length=12)
         theirs = [processor.decode(result.hypotheses[0]) for result in results]
         assert theirs == ours.translate(sentences, target_language=language)
+
+
+def test_evaluate_scores_untrained_directions_for_zero_shot(trained, capsys):
+    from pipeline import evaluate
+
+    evaluate.main(["--workdir", str(trained), "--split", "test", "--directions", "de-fr,fr-de",
+                   "--beam-size", "1"])  # fmt: skip
+    report = json.loads((trained / "eval_test.json").read_text())
+    assert sorted(report["directions"]) == ["de-fr", "fr-de"]  # trained: only to and from en
+    assert "| de-fr |" in capsys.readouterr().err
+    with pytest.raises(UserError, match="--directions: unknown language 'cs'"):
+        evaluate.main(["--workdir", str(trained), "--directions", "de-cs"])

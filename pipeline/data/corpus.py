@@ -119,17 +119,20 @@ def read_split(data_config, split):
     return None
 
 
-def read_multiway(data_config, split):
-    """The trained directions of a multi-way `split` that has both of their languages, one
+def read_multiway(data_config, split, directions=None):
+    """The trained directions (or `directions`, a `data.directions` text: untrained ones too,
+    for zero-shot translation) of a multi-way `split` that has both of their languages, one
     after the other, each source tagged with its target language; None without the split."""
     files = data_config[multilingual.SPLIT_KEYS[split]]
     if not files:
         return None
+    chosen = (multilingual.training_directions(data_config) if directions is None else
+              multilingual.parse_directions(directions, files, "--directions"))  # fmt: skip
     lines = {language: read_lines(path) for language, path in sorted(files.items())}
     _check_multiway_counts(files, {language: len(text) for language, text in lines.items()})
     corpus = ParallelCorpus([], [], f"{split}: {len(lines[next(iter(lines))]):,} lines in "
                             f"{', '.join(lines)}")  # fmt: skip
-    for direction in multilingual.training_directions(data_config):
+    for direction in chosen:
         if direction.source in lines and direction.target in lines:
             start = len(corpus.sources)
             corpus.sources += multilingual.tagged(lines[direction.source], direction.target)

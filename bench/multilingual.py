@@ -1,0 +1,255 @@
+"""One multilingual model beside a bilingual model a direction, and zero-shot beside pivoting.
+
+    python bench/multilingual.py [--root runs/multilingual] [--recipe RECIPE]
+        [--parts baselines multilingual zero_shot pivot speed report] [--quick]
+
+Every system is `python -m pipeline.train --config RECIPE --workdir ROOT/NAME --set ...`, so
+an interrupted part resumes where it stopped (training resumes from its checkpoints, a
+scored system is not scored again), and every figure lands in `ROOT/results.json`:
+
+- `baselines`: each direction of the recipe's `data.directions` trained alone, with the same
+  model, schedule and budget share: the multi-way set cut to its two languages (a vocabulary
+  of theirs, of the same size), `data.directions: SRC-TGT`, a time budget of the recipe's
+  budget over the number of directions.
+- `multilingual`: the recipe itself (all its directions in one model, within the budget that
+  the baselines share).
+- `zero_shot`: the recipe trained on the directions into and out of `--pivot` only.
+- Scoring (after each training): test_2016_flickr and test_2017_flickr (where it has both
+  languages) of every direction, BLEU cased and lowercased, chrF and the share of
+  translations in another language (`pipeline.evaluate --directions`); the zero-shot model
+  on the directions it never saw too.
+- `pivot`: the zero-shot model translating each unseen direction in two hops through
+  `--pivot`, scored as the rest.
+- `speed`: the multilingual export beside the German->English baseline's export (the same
+  model size) in ONNX Runtime, translating test_2016_flickr into a target language a
+  sentence (the multilingual one) or into English (the baseline), batch 64, beam as the
+  recipe, the two taking turns over `--rounds`.
+- `report`: the tables.
+
+`--quick` runs the tiny smoke recipe (`configs/smoke_multilingual.yaml`) through every part
+in minutes: a check of the script, not a measurement.
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(PROJECT_ROOT))
+
+from pipeline.config import load_config  # noqa: E402
+from pipeline.core import multilingual  # noqa: E402
+from pipeline.core.atomic_files import write_text_atomically  # noqa: E402
+
+RECIPE = PROJECT_ROOT / "configs" / "multi30k_multilingual.yaml"
+QUICK_RECIPE = PROJECT_ROOT / "configs" / "smoke_multilingual.yaml"
+SECOND_TEST = "test_2017_flickr"  # a second test set, where the languages have it
+PARTS = ("baselines", "multilingual", "zero_shot", "pivot", "speed", "report")
+
+
+def run(command):
+    print("$", " ".join(map(str, command)), flush=True)
+    subprocess.run([sys.executable, *map(str, command)], cwd=PROJECT_ROOT, check=True)
+
+
+class Bench:
+    def __init__(self, args):
+        self.args, self.root = args, args.root
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.results_path = self.root / "results.json"
+        self.results = (json.loads(self.results_path.read_text())
+                        if self.results_path.exists() else {})  # fmt: skip
+        self.config = load_config(args.recipe)
+        self.data = self.config["data"]
+        self.directions = multilingual.training_directions(self.data)
+        self.budget = self.config["train"]["time_budget_hours"]
+
+    def save(self):
+        write_text_atomically(self.results_path, json.dumps(self.results, indent=1) + "\n")
+
+    def train(self, name, overrides):
+        run(["-m", "pipeline.train", "--config", self.args.recipe, "--workdir",
+             self.root / name, *[a for o in overrides for a in ("--set", o)]])  # fmt: skip
+
+    def score(self, name, directions=None):
+        """Test scores of system `name` ({split: {direction: scores}}), once."""
+        done = self.results.setdefault("scores", {}).setdefault(name, {})
+        workdir = self.root / name
+        for split in ("test", SECOND_TEST):
+            if split in done:
+                continue
+            if split == "test":
+                flags = ["--split", "test"] + (["--directions", directions] if directions else [])
+                run(["-m", "pipeline.evaluate", "--workdir", workdir, *flags])
+                done[split] = json.loads((workdir / "eval_test.json").read_text())["directions"]
+            else:
+                done[split] = self.score_second_test(workdir, directions)
+            self.save()
+
+    def score_second_test(self, workdir, directions):
+        """The second test set's directions that have both languages, through TSVs of tagged
+        sources (as the model takes them)."""
+        from pipeline.core.multilingual import parse_directions
+        from pipeline.data.corpus import read_lines
+
+        files = {language: self.data["multiway_test"][language].replace("test_2016_flickr",
+                                                                          SECOND_TEST)
+                 for language in self.data["multiway_test"]}  # fmt: skip
+        present = {language: path for language, path in files.items() if Path(path).exists()}
+        config = load_config(workdir / "config.yaml", saved=True)
+        wanted = parse_directions(directions, present) if directions else [
+            d for d in multilingual.training_directions(config["data"])
+            if d.source in present and d.target in present
+        ]  # fmt: skip
+        scores = {}
+        for direction in wanted:
+            sources = multilingual.tagged(read_lines(present[direction.source]), direction.target)
+            tsv = self.root / f"{SECOND_TEST}.{direction}.tsv"
+            write_text_atomically(tsv, "".join(f"{s}\t{t}\n" for s, t in zip(
+                sources, read_lines(present[direction.target]))))  # fmt: skip
+            run(["-m", "pipeline.evaluate", "--workdir", workdir, "--split", tsv])
+            report = json.loads((workdir / f"eval_{tsv.name}.json").read_text())
+            scores[str(direction)] = {k: report[k] for k in ("bleu", "bleu_lowercase", "chrf")}
+        return scores
+
+    def baselines(self):
+        share = self.budget / len(self.directions) if self.budget else None
+        for direction in self.directions:
+            name = f"baseline_{direction}"
+            cut = {
+                split: {lang: path for lang, path in (self.data[f"multiway_{split}"] or {}).items()
+                        if lang in (direction.source, direction.target)}
+                for split in multilingual.SPLITS
+            }  # fmt: skip
+            overrides = [f"data.multiway_{split}={json.dumps(files)}"
+                         for split, files in cut.items() if files]  # fmt: skip
+            overrides.append(f"data.directions={direction}")
+            if share:
+                overrides.append(f"train.time_budget_hours={share}")
+            self.train(name, overrides)
+            self.score(name)
+
+    def multilingual(self):
+        self.train("multilingual", [])
+        self.score("multilingual")
+
+    def zero_shot(self):
+        """The model of the directions into and out of the pivot, scored on every direction
+        between the set's languages: those it never saw are the zero-shot ones."""
+        pivot = self.args.pivot
+        self.train("zero_shot", [f"data.directions={multilingual.TO_AND_FROM}{pivot}"])
+        every = multilingual.parse_directions(multilingual.ALL_DIRECTIONS,
+                                              multilingual.languages(self.data))  # fmt: skip
+        self.score("zero_shot", ",".join(map(str, every)))
+        self.results["unseen"] = [str(d) for d in every if pivot not in (d.source, d.target)]
+        self.save()
+
+    def pivot(self):
+        """Each unseen direction in two hops through the pivot language, with the zero-shot
+        model, scored on test_2016_flickr."""
+        from pipeline.data.corpus import read_lines
+        from pipeline.decoding.evaluation import LanguageIdentifier, score_translations
+        from pipeline.decoding.translation import Translator
+        from pipeline.workdir import load_trained
+
+        done = self.results.setdefault("pivot", {})
+        translator = Translator.from_trained(load_trained(self.root / "zero_shot"))
+        identify = LanguageIdentifier(self.data["multiway_test"])
+        for name in self.results.get("unseen", []):
+            if name in done:
+                continue
+            source, target = name.split("-")
+            lines = {
+                lang: read_lines(self.data["multiway_test"][lang]) for lang in (source, target)
+            }
+            middle = translator.translate(lines[source], target_language=self.args.pivot)
+            hypotheses = translator.translate(middle, target_language=target)
+            done[name] = score_translations(hypotheses, lines[target])
+            done[name]["wrong_language"] = identify.wrong_share(hypotheses, target)
+            self.save()
+
+    def speed(self):
+        """Sentences/s of the multilingual export (mixed target languages) and of the German->
+        English baseline's export, batch 64, the two taking turns."""
+        from export.exporter import export_model
+        from export.runtime import OnnxTranslator
+        from pipeline.data.corpus import read_lines
+
+        baseline = self.root / "baseline_de-en"
+        systems = {}
+        for name in ("multilingual", baseline.name):
+            export = self.root / name / "export" / "onnx"
+            if not (export / "model.json").exists():
+                export_model(self.root / name, self.root / name / "export", ["onnx"])
+            systems[name] = OnnxTranslator(export, batch_size=64)
+        german = read_lines(self.data["multiway_test"]["de"])
+        targets = [self.directions[i % len(self.directions)].target for i in range(len(german))]
+        targets = [t if t != "de" else "en" for t in targets]
+        rates = {name: [] for name in systems}
+        for _ in range(self.args.rounds):
+            for name, translator in systems.items():
+                started = time.perf_counter()
+                if name == "multilingual":
+                    translator.translate(german, target_language=targets)
+                else:
+                    translator.translate(german, target_language="en")
+                rates[name].append(len(german) / (time.perf_counter() - started))
+        self.results["speed"] = {name: {"sentences_per_s": r, "median": statistics.median(r)}
+                                 for name, r in rates.items()}  # fmt: skip
+        self.save()
+
+    def report(self):
+        scores = self.results.get("scores", {})
+        print(f"# {platform.node()}: {self.args.recipe}")
+        for split in ("test", SECOND_TEST):
+            print(f"\n### {split}: BLEU (lowercased) / chrF / wrong language %\n")
+            systems = [s for s in ("multilingual", "zero_shot") if s in scores]
+            print("| direction | baseline | " + " | ".join(systems) + " | pivot |")
+            print("|---|" + "---|" * (len(systems) + 2))
+            names = sorted({d for s in scores.values() for d in s.get(split, {})})
+            for direction in names:
+                cells = [_cell(scores.get(f"baseline_{direction}", {}).get(split, {})
+                               .get(direction))]  # fmt: skip
+                cells += [_cell(scores[s].get(split, {}).get(direction)) for s in systems]
+                pivot = self.results.get("pivot", {}).get(direction) if split == "test" else None
+                print(f"| {direction} | " + " | ".join(cells + [_cell(pivot)]) + " |")
+        if "speed" in self.results:
+            print("\n### ONNX Runtime, batch 64, sentences/s (each round)\n")
+            for name, figures in self.results["speed"].items():
+                each = ", ".join(f"{r:.1f}" for r in figures["sentences_per_s"])
+                print(f"- {name}: {each} (median {figures['median']:.1f})")
+
+
+def _cell(scores):
+    if not scores:
+        return "-"
+    wrong = scores.get("wrong_language")
+    return (f"{scores['bleu']} ({scores['bleu_lowercase']}) / {scores['chrf']}"
+            + ("" if wrong is None else f" / {wrong}"))  # fmt: skip
+
+
+def main():
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--root", type=Path, default=PROJECT_ROOT / "runs" / "multilingual")
+    parser.add_argument("--recipe", type=Path, default=RECIPE)
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
+    parser.add_argument("--pivot", default="en", help="zero_shot and pivot: the hub language")
+    parser.add_argument("--rounds", type=int, default=2, help="speed: rounds of each system")
+    parser.add_argument("--quick", action="store_true", help="the smoke recipe: a check")
+    args = parser.parse_args()
+    if args.quick:
+        args.recipe = QUICK_RECIPE
+    bench = Bench(args)
+    for part in args.parts:
+        getattr(bench, part)()
+
+
+if __name__ == "__main__":
+    main()
