@@ -430,5 +430,7 @@ def test_evaluate_scores_untrained_directions_for_zero_shot(trained, capsys):
     report = json.loads((trained / "eval_test.json").read_text())
     assert sorted(report["directions"]) == ["de-fr", "fr-de"]  # trained: only to and from en
     assert "| de-fr |" in capsys.readouterr().err
-    with pytest.raises(UserError, match="--directions: unknown language 'cs'"):
+    with pytest.raises(SystemExit) as stopped:
         evaluate.main(["--workdir", str(trained), "--directions", "de-cs"])
+    assert stopped.value.code == 2
+    assert "--directions: unknown language 'cs'" in capsys.readouterr().err
