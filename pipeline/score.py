@@ -35,6 +35,8 @@ def parse_args(argv):
     parser.add_argument("--batch-size", type=int, help="default: decode.batch_size")
     parser.add_argument("--errors", choices=("strict", "replace"), default="strict",
                         help="invalid UTF-8 in the input: stop (strict) or replace it")  # fmt: skip
+    parser.add_argument("--target-language", metavar="CODE",
+                        help="a multilingual model: the language of the targets")  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -67,12 +69,18 @@ def main(argv=None):
         raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
     from tqdm import tqdm
 
+    from pipeline.core import multilingual
     from pipeline.core.atomic_files import open_atomically
     from pipeline.data.corpus import iter_aligned
     from pipeline.decoding.scoring import Scorer
     from pipeline.workdir import load_trained
 
     config, model, source_tokenizer, target_tokenizer = load_trained(args.workdir)
+    languages = multilingual.languages(config["data"])
+    own_target = multilingual.model_languages(config["data"]).get("target")
+    # The language checked before any file is read (a blank sentence needs no tag).
+    multilingual.tag_requests([""], args.target_language, languages, own_target,
+                              "--target-language")  # fmt: skip
     scorer = Scorer(
         model, source_tokenizer, target_tokenizer,
         args.batch_size or config["decode"]["batch_size"], config["decode"]["max_source_length"],
@@ -84,7 +92,9 @@ def main(argv=None):
         pairs = iter_aligned(args.source, args.target, args.errors)
         for block in blocks(pairs, BLOCK_PAIRS):
             sources, targets = zip(*block, strict=True)
-            for result in scorer.score(list(sources), list(targets)):
+            sources = multilingual.tag_requests(sources, args.target_language, languages,
+                                                own_target, "--target-language")  # fmt: skip
+            for result in scorer.score(sources, list(targets)):
                 out.write(f"{result.log_prob:.4f}\t{result.per_token:.4f}\t{result.tokens}\n")
                 if links:
                     links.write(alignment_links(result.attention) + "\n")

@@ -434,3 +434,20 @@ def test_evaluate_scores_untrained_directions_for_zero_shot(trained, capsys):
         evaluate.main(["--workdir", str(trained), "--directions", "de-cs"])
     assert stopped.value.code == 2
     assert "--directions: unknown language 'cs'" in capsys.readouterr().err
+
+
+def test_score_takes_the_target_language_of_a_multilingual_model(trained, tmp_path, capsys):
+    from pipeline import score
+
+    (tmp_path / "src").write_text("Ein Hund läuft.\nZwei Männer.\n")
+    (tmp_path / "tgt").write_text("Un chien court.\nDeux hommes.\n")
+    files = ["--workdir", str(trained), "--source", str(tmp_path / "src"), "--target",
+             str(tmp_path / "tgt")]  # fmt: skip
+    score.main([*files, "--target-language", "fr"])
+    as_french = capsys.readouterr().out.splitlines()
+    score.main([*files, "--target-language", "en"])
+    as_english = capsys.readouterr().out.splitlines()
+    assert len(as_french) == len(as_english) == 2 and as_french != as_english
+    with pytest.raises(SystemExit):
+        score.main(files)
+    assert "give --target-language" in capsys.readouterr().err
