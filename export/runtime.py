@@ -165,9 +165,12 @@ class OnnxTranslator:
         """Runs the model on one padded batch: int32 `[batch, src_len]` (and optionally the
         target prefixes, int32 `[batch, len]`, right-padded) -> dict of arrays. `ValueError`
         (`check_search`) for what the model cannot be asked."""
+        return self.run(self.check_search(source_ids, target_prefix, **options))
+
+    def run(self, feeds):
+        """The model's outputs, by name, for `check_search`'s `feeds`."""
         names = [output.name for output in self.session.get_outputs()]
-        return dict(zip(names, self.session.run(names, self.check_search(
-            source_ids, target_prefix, **options))))  # fmt: skip
+        return dict(zip(names, self.session.run(names, feeds)))
 
     def check_search(self, source_ids, target_prefix=None, **options):
         """The feeds of `search`, or a `ValueError` naming the argument that is wrong: ids

@@ -120,22 +120,21 @@ class TranslationService:
         return [(self.translator.target.decode(ids), score) for (ids, score), *_ in best]
 
     def _checked_search(self, inputs):
-        """A `beam_search` request's (source ids, prefix ids or None, options); `RequestError`
+        """A `beam_search` request's feeds, checked once, before it is queued; `RequestError`
         400 naming the input the model cannot be asked (an id outside its vocabulary, an
         option out of the range the commands enforce)."""
         options = {k: v for k, v in inputs.items() if k not in (SOURCE_IDS, TARGET_PREFIX)}
-        source_ids = _id_matrix(inputs[SOURCE_IDS])
         prefix = inputs.get(TARGET_PREFIX)
-        prefix = None if prefix is None else _id_matrix(prefix)
         try:
-            self.translator.check_search(source_ids, prefix, **options)
+            return self.translator.check_search(
+                _id_matrix(inputs[SOURCE_IDS]), None if prefix is None else _id_matrix(prefix),
+                **options,
+            )  # fmt: skip
         except ValueError as wrong:
             raise RequestError(BAD_REQUEST, str(wrong)) from None
-        return source_ids, prefix, options
 
-    def _beam_search(self, search):
-        source_ids, prefix, options = search
-        outputs = self.translator.search(source_ids, prefix, **options)
+    def _beam_search(self, feeds):
+        outputs = self.translator.run(feeds)
         return {name: outputs[name].tolist() for name in SEARCH_OUTPUTS}
 
 
