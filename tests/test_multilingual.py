@@ -14,7 +14,6 @@ from pipeline.config import PROJECT_ROOT, load_config
 from pipeline.core.errors import UserError
 from pipeline.core.multilingual import Direction, parse_directions, tag_requests
 from pipeline.data.corpus import (
-    corpus_of_direction,
     read_split,
     scan_multiway,
     temperature_weights,
@@ -130,10 +129,9 @@ def test_the_directions_are_read_tagged_aligned_and_mixed_as_configured(tmp_path
             assert tag == f"<2{target.split()[0].decode()}>".encode()
     test = read_split(config["data"], "test")
     assert [str(d) for d, _, _ in test.directions] == ["de-en", "en-de", "en-fr", "fr-en"]
-    en_de = corpus_of_direction(test, Direction("en", "de"))
-    assert en_de.sources[0] == "<2de> en 0" and en_de.targets[0] == "de 0"
-    de_en = corpus_of_direction(test, Direction("de", "en"))
-    assert de_en.sources[7] == "" and de_en.sources[8] == "<2en> de 8"
+    lines = {str(d): (test.sources[a:b], test.targets[a:b]) for d, a, b in test.directions}
+    assert lines["en-de"][0][0] == "<2de> en 0" and lines["en-de"][1][0] == "de 0"
+    assert lines["de-en"][0][7] == "" and lines["de-en"][0][8] == "<2en> de 8"
 
 
 def test_requests_are_tagged_for_a_multilingual_model_and_checked():

@@ -148,15 +148,6 @@ def _check_multiway_counts(files, counts):
         raise UserError(f"the files of one multi-way set must be aligned line by line: {listed}")
 
 
-def corpus_of_direction(corpus, direction):
-    """The lines of `corpus` (a `read_multiway` split) that translate `direction`."""
-    for held, start, end in corpus.directions:
-        if held == direction:
-            return ParallelCorpus(corpus.sources[start:end], corpus.targets[start:end],
-                                  f"{corpus.origin}, {direction}")  # fmt: skip
-    raise UserError(f"{corpus.origin} has no {direction} pairs")
-
-
 # Training corpora are streamed: described here by their files, read by `pipeline.data.dataset`.
 
 SCAN_CHUNK_BYTES = 1 << 20
