@@ -8,12 +8,14 @@ an interrupted part resumes where it stopped (training resumes from its checkpoi
 scored system is not scored again), and every figure lands in `ROOT/results.json`:
 
 - `baselines`: each direction of the recipe's `data.directions` trained alone, with the same
-  model, schedule and budget share: the multi-way set cut to its two languages (a vocabulary
-  of theirs, of the same size), `data.directions: SRC-TGT`, a time budget of the recipe's
-  budget over the number of directions.
+  model and schedule and its share of the budget: the multi-way set cut to its two languages
+  (a vocabulary of theirs, of the same size), `data.directions: SRC-TGT`, and of the recipe's
+  steps (`train.steps_per_epoch`, checkpoints and warm-up in proportion) or else of its
+  `train.time_budget_hours`, one over the number of directions.
 - `multilingual`: the recipe itself (all its directions in one model, within the budget that
   the baselines share).
-- `zero_shot`: the recipe trained on the directions into and out of `--pivot` only.
+- `zero_shot`: the recipe trained on the directions into and out of `--pivot` only, with
+  their share of the budget.
 - Scoring (after each training): test_2016_flickr and test_2017_flickr (where it has both
   languages) of every direction, BLEU cased and lowercased, chrF and the share of
   translations in another language (`pipeline.evaluate --directions`); the zero-shot model
@@ -67,7 +69,6 @@ class Bench:
         self.config = load_config(args.recipe)
         self.data = self.config["data"]
         self.directions = multilingual.training_directions(self.data)
-        self.budget = self.config["train"]["time_budget_hours"]
 
     def save(self):
         write_text_atomically(self.results_path, json.dumps(self.results, indent=1) + "\n")
@@ -117,8 +118,19 @@ class Bench:
             scores[str(direction)] = {k: report[k] for k in ("bleu", "bleu_lowercase", "chrf")}
         return scores
 
+    def budget_share(self, directions):
+        """Overrides that give a system of `directions` directions their share of the recipe's
+        budget: its steps (checkpoints and warm-up in proportion) or else its hours."""
+        train, fraction = self.config["train"], directions / len(self.directions)
+        if train["steps_per_epoch"]:
+            return [f"train.{key}={max(1, round(train[key] * fraction))}"
+                    for key in ("steps_per_epoch", "checkpoint_every_steps", "warmup_steps")
+                    if train[key]]  # fmt: skip
+        if train["time_budget_hours"]:
+            return [f"train.time_budget_hours={train['time_budget_hours'] * fraction}"]
+        return []
+
     def baselines(self):
-        share = self.budget / len(self.directions) if self.budget else None
         for direction in self.directions:
             name = f"baseline_{direction}"
             cut = {
@@ -129,9 +141,7 @@ class Bench:
             overrides = [f"data.multiway_{split}={json.dumps(files)}"
                          for split, files in cut.items() if files]  # fmt: skip
             overrides.append(f"data.directions={direction}")
-            if share:
-                overrides.append(f"train.time_budget_hours={share}")
-            self.train(name, overrides)
+            self.train(name, overrides + self.budget_share(1))
             self.score(name)
 
     def multilingual(self):
@@ -142,7 +152,9 @@ class Bench:
         """The model of the directions into and out of the pivot, scored on every direction
         between the set's languages: those it never saw are the zero-shot ones."""
         pivot = self.args.pivot
-        self.train("zero_shot", [f"data.directions={multilingual.TO_AND_FROM}{pivot}"])
+        seen = f"{multilingual.TO_AND_FROM}{pivot}"
+        count = len(multilingual.parse_directions(seen, multilingual.languages(self.data)))
+        self.train("zero_shot", [f"data.directions={seen}", *self.budget_share(count)])
         every = multilingual.parse_directions(multilingual.ALL_DIRECTIONS,
                                               multilingual.languages(self.data))  # fmt: skip
         self.score("zero_shot", ",".join(map(str, every)))
@@ -218,11 +230,27 @@ class Bench:
                 cells += [_cell(scores[s].get(split, {}).get(direction)) for s in systems]
                 pivot = self.results.get("pivot", {}).get(direction) if split == "test" else None
                 print(f"| {direction} | " + " | ".join(cells + [_cell(pivot)]) + " |")
+        self.report_training_time()
         if "speed" in self.results:
             print("\n### ONNX Runtime, batch 64, sentences/s (each round)\n")
             for name, figures in self.results["speed"].items():
                 each = ", ".join(f"{r:.1f}" for r in figures["sentences_per_s"])
                 print(f"- {name}: {each} (median {figures['median']:.1f})")
+
+    def report_training_time(self):
+        """Each system's training time (across resumes), the baselines' summed."""
+        seconds = {}
+        for workdir in sorted(self.root.iterdir()):
+            report = workdir / "test_report.json"
+            if report.exists():
+                seconds[workdir.name] = json.loads(report.read_text())["training_seconds"]
+        baselines = [s for name, s in seconds.items() if name.startswith("baseline_")]
+        print("\n### Training time (minutes)\n")
+        if baselines:
+            print(f"- {len(baselines)} baselines together: {sum(baselines) / 60:.1f}")
+        for name in ("multilingual", "zero_shot"):
+            if name in seconds:
+                print(f"- {name}: {seconds[name] / 60:.1f}")
 
 
 def _cell(scores):
