@@ -130,6 +130,14 @@ SCHEMA = {
         "batch_tokens": positive_int(None, "tokens per batch on each replica, at the bucket's "
                                      "longest length (null: batch_size pairs)", nullable=True),
         # 1 wastes the least on padding; the shipped recipes keep 5, the width their figures had.
+        "accumulate_steps": positive_int(1, "micro-batches whose gradients make one update "
+                                         "(gradient accumulation; 1: none)"),
+        "effective_batch_tokens": positive_int(None, "tokens per update, all replicas and "
+                                               "micro-batches: sets accumulate_steps (null: "
+                                               "unset)", nullable=True),
+        "effective_batch_size": positive_int(None, "sentence pairs per update, all replicas and "
+                                             "micro-batches: sets accumulate_steps (null: "
+                                             "unset)", nullable=True),
         "bucket_width": positive_int(1, "width, in pieces, of the length buckets a batch's pairs "
                                      "share (a pair's length: its longer side)"),
         "shuffle_buffer": positive_int(30000, "training pairs the shuffle buffer holds (at most "
@@ -476,6 +484,22 @@ def _check_training_settings(config, where):
         raise UserError(
             f"{where}: train.average_checkpoints ({train['average_checkpoints']}) exceeds "
             f"train.keep_checkpoints ({train['keep_checkpoints']}): only that many are kept"
+        )
+    effective = [key for key in ("effective_batch_tokens", "effective_batch_size") if train[key]]
+    if len(effective) > 1 or (effective and train["accumulate_steps"] > 1):
+        chosen = effective + (["accumulate_steps"] if train["accumulate_steps"] > 1 else [])
+        raise UserError(f"{where}: train.{chosen[0]} and train.{chosen[1]} both set the "
+                        "accumulation: keep one")  # fmt: skip
+    if train["effective_batch_tokens"] and not train["batch_tokens"]:
+        raise UserError(
+            f"{where}: train.effective_batch_tokens needs train.batch_tokens (the "
+            "micro-batch); with train.batch_size, set train.effective_batch_size"
+        )
+    if train["effective_batch_size"] and train["batch_tokens"]:
+        raise UserError(
+            f"{where}: train.effective_batch_size needs batches of "
+            "train.batch_size pairs; with train.batch_tokens, set "
+            "train.effective_batch_tokens"
         )
     if train["bleu_every_epochs"] and not (
         data["valid_tsv"] or data["valid_source"] or data["multiway_valid"]

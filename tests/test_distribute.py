@@ -1,6 +1,7 @@
-"""tf.distribute: the loss over two replicas equals one device's on the same global batch;
-mirrored training over two logical CPUs; a two-process multi-worker run on 127.0.0.1; and the
-cluster bookkeeping (TF_CONFIG, chief, scratch folders)."""
+"""tf.distribute: the loss over two replicas, and over accumulated micro-batches, equals one
+device's on the same global batch; mirrored training over two logical CPUs; a two-process
+multi-worker run on 127.0.0.1; and the cluster bookkeeping (TF_CONFIG, chief, scratch
+folders)."""
 
 import json
 import math
@@ -73,17 +74,27 @@ def test_the_keras_behaviours_distributed_training_works_around_are_still_there(
         assert name in vars(FusedAdam), name
 
 
-@pytest.mark.parametrize("arguments", [[], ["transformer"]], ids=["recurrent", "transformer"])
-def test_two_replicas_give_one_devices_losses_and_weights(arguments):
+@pytest.mark.parametrize(
+    "arguments",
+    [[], ["transformer"], ["train.label_smoothing=0", "train.loss_normalization=sentences"]],
+    ids=["recurrent", "transformer", "sentences-without-smoothing"],
+)
+def test_replicas_and_accumulated_micro_batches_give_one_batchs_losses_and_weights(arguments):
+    """Two replicas, 6 micro-batches of mixed lengths accumulated on one device, and 3 on each
+    of two replicas: each update is the one that one batch of all their pairs gives."""
     result = subprocess.run(
-        [sys.executable, str(PROJECT_ROOT / "tests" / "mirrored_steps.py"), *arguments],
+        [sys.executable, str(PROJECT_ROOT / "tests" / "mirrored_steps.py"), "parts=3",
+         *arguments],
         capture_output=True, text=True, timeout=300, env=environment(),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    steps = json.loads(result.stdout.strip().splitlines()[-1])
-    assert steps["replicas"] == 2
-    np.testing.assert_allclose(steps["mirrored"], steps["single"], rtol=1e-5)
-    assert steps["max_weight_difference"] < 1e-5
+    runs = json.loads(result.stdout.strip().splitlines()[-1])
+    assert runs.pop("replicas") == 2
+    single = runs.pop("single")["losses"]
+    assert set(runs) == {"mirrored", "accumulated", "mirrored_accumulated"}
+    for name, run in runs.items():
+        np.testing.assert_allclose(run["losses"], single, rtol=1e-5, err_msg=name)
+        assert run["max_weight_difference"] < 1e-5, name
 
 
 def test_mirrored_training_over_two_cpu_devices(tmp_path):

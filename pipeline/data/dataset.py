@@ -13,6 +13,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from pipeline.core import micro_batches
 from pipeline.core.errors import UserError
 from pipeline.data.tokenizer import BOS_ID, EOS_ID
 
@@ -333,23 +334,28 @@ def stream_training_examples(
 
 def make_training_stream(
     corpora, source_tokenizer, target_tokenizer, data_config, batching, counters,
-    shuffle_buffer, seed, input_context=None,
+    shuffle_buffer, seed, input_context=None, micro_batches_per_update=1,
 ):  # fmt: skip
     """Endless shuffled training batches (`batch_by_length`'s `batching` options, per
-    replica), and how each corpus is sharded across input pipelines."""
+    replica), grouped by `micro_batches_per_update` (`pipeline.core.micro_batches`) when above
+    1, and how each corpus is sharded across input pipelines."""
     examples, sharding = stream_training_examples(
         corpora, source_tokenizer, target_tokenizer, data_config, counters, seed, input_context
     )
     # A buffer larger than the corpus would only mix passes: the corpus' size shuffles fully.
     lines = sum(corpus.lines for corpus in corpora)
     examples = examples.shuffle(min(shuffle_buffer, lines), seed=seed)
-    return batch_by_length(examples, **batching).prefetch(tf.data.AUTOTUNE), sharding
+    batches = batch_by_length(examples, **batching)
+    if micro_batches_per_update > 1:
+        batches = micro_batches.group(batches, micro_batches_per_update)
+    return batches.prefetch(tf.data.AUTOTUNE), sharding
 
 
 def estimate_steps_per_pass(corpora, source_sample, target_sample, tokenizers, data_config,
-                            batching, replicas):  # fmt: skip
+                            batching, batches_per_step):  # fmt: skip
     """Steps in one pass over the training corpora, estimated from sampled sentences: the
-    pairs kept and the batches their lengths need, so progress bars mean what they say.
+    pairs kept and the batches their lengths need, so progress bars mean what they say. A
+    step takes `batches_per_step` batches (replicas x micro-batches of an update).
 
     Training data with no usable pair in the sample is a `UserError`: the endless stream
     would otherwise search it for ever.
@@ -374,4 +380,4 @@ def estimate_steps_per_pass(corpora, source_sample, target_sample, tokenizers, d
     batch_sizes = np.asarray(sizes)[np.searchsorted(boundaries, example_lengths, side="right")]
     batches_per_line = float(np.sum(1.0 / batch_sizes)) / len(chosen)
     lines = sum(corpus.lines - corpus.bad_lines for corpus in corpora)
-    return max(1, math.ceil(lines * batches_per_line / replicas))
+    return max(1, math.ceil(lines * batches_per_line / batches_per_step))

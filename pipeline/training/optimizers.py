@@ -4,6 +4,7 @@
 import keras
 import tensorflow as tf
 
+from pipeline.model_types.training_twins import replicas_in_sync
 from pipeline.training.schedules import schedule_from_config
 
 
@@ -19,13 +20,13 @@ class FusedAdam(keras.optimizers.Adam):
     """
 
     def _clip_gradients(self, grads):
-        if self.global_clipnorm and _replicas_in_sync() > 1:
+        if self.global_clipnorm and replicas_in_sync() > 1:
             return grads  # clipped once summed, in `_all_reduce_sum_gradients`
         return super()._clip_gradients(grads)
 
     def _all_reduce_sum_gradients(self, grads_and_vars):
         summed = super()._all_reduce_sum_gradients(grads_and_vars)
-        if not (self.global_clipnorm and _replicas_in_sync() > 1):
+        if not (self.global_clipnorm and replicas_in_sync() > 1):
             return summed
         grads, variables = zip(*summed)
         return list(zip(super()._clip_gradients(list(grads)), variables))
@@ -48,11 +49,6 @@ class FusedAdam(keras.optimizers.Adam):
             epsilon=tf.cast(self.epsilon, dtype),
             grad=tf.cast(tf.convert_to_tensor(gradient), dtype),
         )
-
-
-def _replicas_in_sync():
-    context = tf.distribute.get_replica_context()
-    return 1 if context is None else context.num_replicas_in_sync
 
 
 class StepCountingLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):

@@ -32,6 +32,8 @@ from pipeline.decoding.translation import SearchOptions, Translator
 from pipeline.model_types import MODEL_TYPES
 from pipeline.model_types.builder import build_model
 from pipeline.training import callbacks as training_callbacks
+from pipeline.training.accumulation import accumulation_configured, micro_batches_per_update
+from pipeline.training.accumulation import describe as describe_accumulation
 from pipeline.training.checkpoints import average_checkpoints
 from pipeline.training.distribution import (
     WorkerLost,
@@ -65,9 +67,10 @@ class TrainingStream:
     were still waiting in the shuffle buffer (at most `train.shuffle_buffer`) are not replayed.
     """
 
-    def __init__(self, config, corpora, tokenizers, strategy, positions, log):
+    def __init__(self, config, corpora, tokenizers, strategy, positions, log, micro_batches=1):
         self.config, self.corpora, self.tokenizers = config, corpora, tokenizers
         self.strategy, self.positions, self.log = strategy, positions, log
+        self.micro_batches = micro_batches  # of an update, grouped into one element
         self.counters = None
 
     def current_positions(self):
@@ -94,7 +97,7 @@ class TrainingStream:
         def per_pipeline(context=None):
             dataset, sharding = make_training_stream(
                 self.corpora, *self.tokenizers, data, batching_options(self.config), self.counters,
-                train["shuffle_buffer"], seed, context,
+                train["shuffle_buffer"], seed, context, self.micro_batches,
             )  # fmt: skip
             for corpus, how in zip(self.corpora, sharding):
                 self.log(f"Input pipeline {context.input_pipeline_id}: {corpus.name}: {how}")
@@ -188,6 +191,8 @@ class TrainingRun:
         self.task = current_task(config["distribute"])
         self.output = self.task.output_dir(workdir)
         self.output.mkdir(parents=True, exist_ok=True)
+        replicas = self.strategy.num_replicas_in_sync
+        self.micro_batches = micro_batches_per_update(self.train, replicas)  # of one update
 
     def run(self):
         self.prepare_data()
@@ -235,7 +240,7 @@ class TrainingRun:
             self.log(f"Subword regularisation: training pairs segmented at random ({how})")
         self.steps_per_pass = estimate_steps_per_pass(  # refuses data with nothing to train on
             self.training_corpora, source_sample, target_sample, self.segmenters, data,
-            batching_options(self.config), self.strategy.num_replicas_in_sync,
+            batching_options(self.config), self.strategy.num_replicas_in_sync * self.micro_batches,
         )  # fmt: skip
 
     def build_model(self):
@@ -256,6 +261,9 @@ class TrainingRun:
         self.model = build_model(self.config, *vocab_sizes, precision=train["precision"],
                                  for_training=True)  # fmt: skip
         self.model.loss_normalization = train["loss_normalization"]
+        self.model.accumulate_steps = self.micro_batches
+        if accumulation_configured(train):
+            self.log(describe_accumulation(train, replicas, self.micro_batches))
         self.float32_model = build_model(self.config, *vocab_sizes)
         self.schedule = schedule_from_config(train, learning_rate)
         self.optimizer = make_optimizer(train, self.schedule)
@@ -350,7 +358,8 @@ class TrainingRun:
             decode["batch_size"],
         )  # fmt: skip
         self.stream = TrainingStream(self.config, self.training_corpora, self.segmenters,
-                                     self.strategy, self.state.positions, self.log)  # fmt: skip
+                                     self.strategy, self.state.positions, self.log,
+                                     self.micro_batches)  # fmt: skip
         self.seconds_before = float(self.state.training_seconds.numpy())
         callbacks = self.callbacks()
         history = {}
