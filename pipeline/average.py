@@ -1,6 +1,8 @@
-"""Checkpoint averaging: a model whose weights are the mean of the last N checkpoints'.
+"""Checkpoint averaging: a model whose weights are the mean of the last N checkpoints', or of
+the N best by validation loss, BLEU or chrF (kept with `train.keep_best`).
 
     python -m pipeline.average --workdir runs/X --last 3 [--up-to-step S] --output runs/X-averaged
+    python -m pipeline.average --workdir runs/X --best 3 --output runs/X-best
 
 writes a new work directory (configuration, vocabularies, `model.keras`) that
 `pipeline.evaluate`, `pipeline.translate` and `export` take like any other; the source work
@@ -16,13 +18,22 @@ from pathlib import Path
 
 from pipeline.core.errors import UserError, report_user_errors
 
+DEFAULT_LAST = 3  # checkpoints averaged without --last or --best
+
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(
         prog="python -m pipeline.average", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--workdir", type=Path, required=True, help="a trained work directory")
-    parser.add_argument("--last", type=int, default=3, help="how many checkpoints (default 3)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--last", type=int, help=f"the last N checkpoints (default {DEFAULT_LAST})")
+    which.add_argument(
+        "--best",
+        type=int,
+        help="the N best checkpoints by the run's train.early_stopping_metric (those that "
+        "train.keep_best kept)",
+    )
     parser.add_argument(
         "--up-to-step",
         type=int,
@@ -43,12 +54,21 @@ def parse_args(argv):
 @report_user_errors
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.last < 1:
-        raise UserError(f"--last must be at least 1, got {args.last}")
+    if args.best is None and args.last is None:
+        args.last = DEFAULT_LAST
+    for flag, count in (("--last", args.last), ("--best", args.best)):
+        if count is not None and count < 1:
+            raise UserError(f"{flag} must be at least 1, got {count}")
+    if args.best is not None and args.up_to_step is not None:
+        raise UserError("--up-to-step goes with --last: the best checkpoints are chosen by score")
     if args.output.resolve() == args.workdir.resolve():
         raise UserError("--output must differ from --workdir: the trained model is kept as it is")
     from pipeline.data.tokenizer import vocabulary_paths
-    from pipeline.training.checkpoints import average_checkpoints, last_checkpoints
+    from pipeline.training.checkpoints import (
+        average_checkpoints,
+        best_checkpoints,
+        last_checkpoints,
+    )
     from pipeline.workdir import (
         CHECKPOINT_DIR,
         CONFIG_FILE,
@@ -60,8 +80,17 @@ def main(argv=None):
     )
 
     config, model = load_trained(args.workdir)[:2]
-    paths = last_checkpoints(args.workdir / CHECKPOINT_DIR, args.last, args.up_to_step)
-    if len(paths) < args.last:
+    if args.best is not None:
+        chosen = best_checkpoints(args.workdir / CHECKPOINT_DIR, args.best)
+        paths = [path for path, _ in chosen]
+        names = ", ".join(f"{Path(path).name}: {entry['metric']} {entry['value']:.3f}"
+                          for path, entry in chosen)  # fmt: skip
+        wanted, which = args.best, "best"
+    else:
+        paths = last_checkpoints(args.workdir / CHECKPOINT_DIR, args.last, args.up_to_step)
+        names = ", ".join(Path(path).name for path in paths)
+        wanted, which = args.last, "last"
+    if len(paths) < wanted:
         print(f"Only {len(paths)} checkpoints are kept; averaging those", file=sys.stderr)
     average_checkpoints(model, config["train"], paths)
 
@@ -73,8 +102,8 @@ def main(argv=None):
 
     with exclusive_writer(args.output, args.wait):
         write_directory_atomically(args.output, fill)
-    names = ", ".join(Path(path).name for path in paths)
-    print(f"Averaged {len(paths)} checkpoints ({names}) into {args.output / MODEL_FILE}")
+    print(f"Averaged the {which} {len(paths)} checkpoints ({names}) into "
+          f"{args.output / MODEL_FILE}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ DEFAULT_CONFIG = RECIPES / "default.yaml"
 # Keras dtype policies a model may train under; its variables and exports stay float32.
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 LOSS_NORMALIZATIONS = ("tokens", "sentences")  # what a batch's loss sum is divided by
+STOPPING_METRICS = ("loss", "bleu", "chrf")  # see pipeline.training.callbacks.EarlyStopping
 SCHEDULE_KINDS = ("constant", "inverse_sqrt", "exponential")  # see pipeline.training.schedules
 EXPORT_FORMATS = ("saved_model", "onnx", "ctranslate2")
 DEFAULT_EXPORT_FORMATS = ("saved_model", "onnx")
@@ -187,9 +188,15 @@ SCHEMA = {
         "keep_checkpoints": positive_int(3, "the latest checkpoints kept, older ones deleted"),
         "average_checkpoints": Field(int, 0, "the saved model's weights: the mean of the last N "
                                      "checkpoints (0 or 1: the last weights)", minimum=0),
-        "early_stopping_patience": positive_int(None, "stop when the validation loss has not "
-                                                "fallen for N epochs, keep the best (null: "
+        "early_stopping_patience": positive_int(None, "stop when early_stopping_metric has not "
+                                                "improved for N epochs, keep the best (null: "
                                                 "never)", nullable=True),
+        "early_stopping_metric": Field(str, "loss", "what early stopping and keep_best watch: "
+                                       "the validation loss, or the BLEU or chrF of the "
+                                       "validation subset (bleu_subset)",
+                                       choices=STOPPING_METRICS),
+        "keep_best": Field(int, 0, "the N best checkpoints by early_stopping_metric kept in "
+                           "checkpoints/best/ (0: none; pipeline.average --best N)", minimum=0),
         "bleu_every_epochs": Field(int, 0, "validation BLEU (val_bleu; multilingual: also "
                                    "val_bleu_<direction>) every N epochs (0: never; needs "
                                    "validation data)", minimum=0),
@@ -501,10 +508,18 @@ def _check_training_settings(config, where):
             "train.batch_size pairs; with train.batch_tokens, set "
             "train.effective_batch_tokens"
         )
-    if train["bleu_every_epochs"] and not (
-        data["valid_tsv"] or data["valid_source"] or data["multiway_valid"]
-    ):
-        raise UserError(f"{where}: train.bleu_every_epochs needs validation data")
+    has_validation = data["valid_tsv"] or data["valid_source"] or data["multiway_valid"]
+    for key in ("bleu_every_epochs", "keep_best"):
+        if train[key] and not has_validation:
+            raise UserError(f"{where}: train.{key} needs validation data")
+    metric = train["early_stopping_metric"]
+    if metric != "loss" and not has_validation:
+        raise UserError(f"{where}: train.early_stopping_metric: {metric} needs validation data")
+    if metric != "loss" and config["distribute"]["strategy"] == "multi_worker":
+        raise UserError(
+            f"{where}: train.early_stopping_metric: {metric} needs a single-process strategy: "
+            "only the chief translates the validation subset"
+        )
 
 
 def parse_export_formats(text, where):

@@ -98,7 +98,7 @@ def test_training_saves_the_mean_of_the_last_checkpoints(averaged_run):
 def test_the_command_writes_an_averaged_work_directory(averaged_run, tmp_path, capsys):
     output = tmp_path / "averaged"
     average.main(["--workdir", str(averaged_run), "--last", "2", "--output", str(output)])
-    assert "Averaged 2 checkpoints (ckpt-6, ckpt-8)" in capsys.readouterr().out
+    assert "Averaged the last 2 checkpoints (ckpt-6, ckpt-8)" in capsys.readouterr().out
     for name in ("config.yaml", "model.keras", "vocab/source.model", "vocab/target.model"):
         assert (output / name).is_file(), name
     copied, trained = load_trained(output)[1], load_trained(averaged_run)[1]
@@ -113,7 +113,7 @@ def test_the_command_writes_an_averaged_work_directory(averaged_run, tmp_path, c
     earlier = tmp_path / "earlier"
     average.main(["--workdir", str(averaged_run), "--last", "2", "--up-to-step", "7",
                   "--output", str(earlier)])  # fmt: skip
-    assert "Averaged 1 checkpoints (ckpt-6)" in capsys.readouterr().out
+    assert "Averaged the last 1 checkpoints (ckpt-6)" in capsys.readouterr().out
     for a, b in zip(
         load_trained(earlier)[1].get_weights(), mean_of_restored(averaged_run, [6]), strict=True
     ):

@@ -20,6 +20,7 @@ from pipeline.core.errors import UnusableFileError
 from pipeline.training import callbacks as training_callbacks
 from pipeline.training import trainer
 from pipeline.training.callbacks import EarlyStopping
+from pipeline.training.checkpoints import WATCHED_METRICS
 from pipeline.training.optimizers import make_optimizer
 from pipeline.training.run_state import (
     EARLY_STOPPING,
@@ -222,7 +223,7 @@ def test_early_stopping_counts_on_across_a_resume_and_restores_the_best_epoch(tm
     logged = []
 
     def run(state, losses, first_epoch):
-        stopping = EarlyStopping(2, state, logged.append)
+        stopping = EarlyStopping(2, state, WATCHED_METRICS["loss"], logged.append)
         stopping.set_model(model)
         model.stop_training = False
         for epoch, loss in enumerate(losses, first_epoch):
@@ -264,7 +265,7 @@ def test_a_resumed_run_stops_early_on_the_checkpointed_state(tmp_path, capsys, m
     out = capsys.readouterr().out
     assert "(step 4, 1 epochs done)" in out and len(history["loss"]) == 1
     assert "the validation loss has not fallen for 1 epochs (best 2.000, after epoch 1)" in out
-    assert "Weights: the best epoch's, epoch 1 (lowest validation loss)" in out
+    assert "Weights: the best epoch's, epoch 1 (best validation loss, 2.000)" in out
 
 
 def test_the_test_report_counts_the_training_time_of_every_command(tmp_path, capsys, monkeypatch):

@@ -1,4 +1,5 @@
-"""Training callbacks: throughput, step checkpoints, safe stops, BLEU on a validation subset."""
+"""Training callbacks: throughput, step checkpoints, the best checkpoints, safe stops, early
+stopping, BLEU and chrF on a validation subset."""
 
 import math
 import shutil
@@ -276,22 +277,23 @@ class TimeBudget(keras.callbacks.Callback):
 
 
 class EarlyStopping(keras.callbacks.Callback):
-    """Stops training once the validation loss has not fallen for `patience` epochs; its
-    `state` is a `run_state.EarlyStoppingState`."""
+    """Stops training once `metric` (a `checkpoints.StoppingMetric`: the validation loss, BLEU
+    or chrF) has not improved for `patience` epochs; its `state` is a
+    `run_state.EarlyStoppingState`, whose `best` holds the value as "lower is better" (BLEU
+    and chrF negated)."""
 
-    def __init__(self, patience, state, log=print):
+    def __init__(self, patience, state, metric, log=print):
         super().__init__()
-        self.patience = patience
-        self.state = state
-        self.log = log
+        self.patience, self.state, self.metric, self.log = patience, state, metric, log
 
     def on_epoch_end(self, epoch, logs=None):
-        loss = (logs or {}).get("val_loss")
-        if loss is None:
+        value = self.metric.value(logs)
+        if value is None:
             return
         state = self.state
-        if loss < float(state.best.numpy()):
-            state.best.assign(loss)
+        lower_is_better = -value if self.metric.higher_is_better else value
+        if lower_is_better < float(state.best.numpy()):
+            state.best.assign(lower_is_better)
             state.best_epoch.assign(epoch + 1)
             state.wait.assign(0)
             for copy, weight in zip(state.copies, self.model.weights, strict=True):
@@ -300,11 +302,33 @@ class EarlyStopping(keras.callbacks.Callback):
         state.wait.assign_add(1)
         if int(state.wait.numpy()) >= self.patience:
             self.model.stop_training = True
-            best, best_epoch = float(state.best.numpy()), int(state.best_epoch.numpy())
+            best = abs(float(state.best.numpy()))
+            how = "risen" if self.metric.higher_is_better else "fallen"
             self.log(
-                f"Early stopping: the validation loss has not fallen for {self.patience} epochs "
-                f"(best {best:.3f}, after epoch {best_epoch})"
+                f"Early stopping: the {self.metric.description} has not {how} for "
+                f"{self.patience} epochs (best {best:.3f}, after epoch "
+                f"{int(state.best_epoch.numpy())})"
             )
+
+
+class KeepBest(keras.callbacks.Callback):
+    """At each epoch end, keeps the run's checkpoint when the epoch's `metric` ranks among
+    `best`'s (a `checkpoints.BestCheckpoints`); `before_save` brings the checkpointed state
+    up to date first, as for every checkpoint."""
+
+    def __init__(self, best, checkpoint, before_save, log=print):
+        super().__init__()
+        self.best, self.checkpoint, self.before_save, self.log = best, checkpoint, before_save, log
+
+    def on_epoch_end(self, epoch, logs=None):
+        value = self.best.metric.value(logs)
+        if value is None:
+            return
+        self.before_save()
+        step = int(self.model.optimizer.iterations.numpy())
+        if self.best.offer(self.checkpoint, step, epoch + 1, value):
+            self.log(f"Kept among the {self.best.count} best: ckpt-{step} "
+                     f"({self.best.metric.description} {value:.3f})")  # fmt: skip
 
 
 class StopOnNonFiniteLoss(keras.callbacks.Callback):
@@ -382,9 +406,9 @@ class StopOnSignal(keras.callbacks.Callback):
 
 
 class ValidationBleu(keras.callbacks.Callback):
-    """Every `every_epochs` epochs, translates a validation subset and logs `val_bleu`, and
-    for a multilingual model `val_bleu_<direction>` for each of its `directions` (`(name,
-    start, end)` lines of the subset).
+    """Every `every_epochs` epochs, translates a validation subset and logs `val_bleu` and
+    `val_chrf`, and for a multilingual model `val_bleu_<direction>` for each of its
+    `directions` (`(name, start, end)` lines of the subset).
 
     `translator` decodes with `float32_model`, the plain float32 model that is saved and
     exported, which first takes the trained weights.
@@ -407,10 +431,19 @@ class ValidationBleu(keras.callbacks.Callback):
         hypotheses = self.translator.translate(self.sources)
         if logs is None:
             return
-        logs["val_bleu"] = score_translations(hypotheses, self.references)["bleu"]
+        scores = score_translations(hypotheses, self.references)
+        logs["val_bleu"], logs["val_chrf"] = scores["bleu"], scores["chrf"]
         for name, start, end in self.directions:
             scores = score_translations(hypotheses[start:end], self.references[start:end])
             logs[f"val_bleu_{name}"] = scores["bleu"]
+
+
+class StoppingScores(ValidationBleu):
+    """`ValidationBleu` every epoch, before early stopping and `KeepBest` read it: for a run
+    that stops or keeps checkpoints by BLEU or chrF."""
+
+    def __init__(self, translator, float32_model, sources, references, directions=()):
+        super().__init__(translator, float32_model, sources, references, 1, directions)
 
 
 class AttentionImages(keras.callbacks.Callback):
@@ -456,8 +489,10 @@ ORDER = (
     TargetTokensPerSecond,
     TrainingClock,  # the time, before the budget reads it and a checkpoint keeps it
     TimeBudget,  # the stopping rules, before the checkpoint that keeps their decisions
+    StoppingScores,  # what early stopping reads, when it watches BLEU or chrF
     EarlyStopping,
     CheckpointEveryNSteps,
+    KeepBest,
     ReportAtTrainingEnd,
     ValidationBleu,  # these two translate, which takes long: after the checkpoint
     AttentionImages,

@@ -7,9 +7,14 @@ model's trainable variables. So whatever reads a checkpoint builds the same opti
 training, from the same configuration: `training_checkpoint` is the one place that says how.
 """
 
+import dataclasses
+import json
+from pathlib import Path
+
 import numpy as np
 import tensorflow as tf
 
+from pipeline.core.atomic_files import write_text_atomically
 from pipeline.core.errors import UnusableFileError, UserError, first_line
 from pipeline.training.optimizers import make_optimizer
 from pipeline.training.run_state import training_checkpoint
@@ -72,3 +77,99 @@ def average_checkpoints(model, train, paths):
             for accumulated, weight in zip(total, original, strict=True)
         ]
     )
+
+
+BEST_DIR = "best"  # under the checkpoint folder: the best checkpoints (`train.keep_best`)
+BEST_INDEX = "best.json"  # there: which they are, best first, with their scores
+
+
+@dataclasses.dataclass(frozen=True)
+class StoppingMetric:
+    """What early stopping and `train.keep_best` watch (one of `WATCHED_METRICS`, by
+    `pipeline.config.STOPPING_METRICS` name): the epoch logs' key, and whether a higher value
+    is better."""
+
+    name: str
+    log_key: str
+    higher_is_better: bool
+    description: str
+
+    def value(self, logs):
+        """The epoch's value (None when this epoch did not measure it)."""
+        value = (logs or {}).get(self.log_key)
+        return None if value is None else float(value)
+
+    def better(self, value, than):
+        return value > than if self.higher_is_better else value < than
+
+
+WATCHED_METRICS = {  # by pipeline.config.STOPPING_METRICS name
+    "loss": StoppingMetric("loss", "val_loss", False, "validation loss"),
+    "bleu": StoppingMetric("bleu", "val_bleu", True, "validation BLEU"),
+    "chrf": StoppingMetric("chrf", "val_chrf", True, "validation chrF"),
+}
+
+
+class BestCheckpoints:
+    """The `count` best checkpoints of a run by `metric`, in `checkpoint_dir/best/`, and their
+    index (`best.json`: each one's name, step, epoch and value, best first). The index is
+    replaced atomically after a new checkpoint is written and before a dropped one is deleted,
+    so it names only complete checkpoints; files it does not name are left-overs of an
+    interrupted update and go at the next."""
+
+    def __init__(self, checkpoint_dir, count, metric):
+        self.directory = Path(checkpoint_dir) / BEST_DIR
+        self.count, self.metric = count, metric
+
+    def entries(self):
+        return read_best_index(self.directory.parent)
+
+    def offer(self, checkpoint, step, epoch, value):
+        """Keeps `checkpoint` (a `tf.train.Checkpoint` at `step`, the end of `epoch`) when
+        `value` ranks among the best; returns whether it was kept."""
+        entries = [e for e in self.entries() if e["step"] != step]
+        ranked = sorted([*entries, {"value": value, "step": step}],
+                        key=self._order)[: self.count]  # fmt: skip
+        if not any(entry["step"] == step for entry in ranked):
+            return False
+        self.directory.mkdir(parents=True, exist_ok=True)
+        name = f"ckpt-{step}"
+        checkpoint.write(str(self.directory / name))
+        new = {"checkpoint": name, "step": step, "epoch": epoch, "metric": self.metric.name,
+               "value": value}  # fmt: skip
+        kept = [new if entry["step"] == step else entry for entry in ranked]
+        write_text_atomically(self.directory / BEST_INDEX, json.dumps(kept, indent=1) + "\n")
+        named = {entry["checkpoint"] for entry in kept}
+        for path in self.directory.glob("ckpt-*"):
+            if path.name.split(".", 1)[0] not in named:
+                path.unlink(missing_ok=True)
+        return True
+
+    def _order(self, entry):
+        # Best first; between equal values, the earlier checkpoint.
+        return (-entry["value"] if self.metric.higher_is_better else entry["value"],
+                entry["step"])  # fmt: skip
+
+
+def read_best_index(checkpoint_dir):
+    """`checkpoint_dir/best/best.json`'s entries, best first ([] when there is none)."""
+    path = Path(checkpoint_dir) / BEST_DIR / BEST_INDEX
+    if not path.exists():
+        return []
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as error:
+        raise UnusableFileError(
+            path, f"not a best-checkpoint index ({first_line(error)})"
+        ) from None
+
+
+def best_checkpoints(checkpoint_dir, count):
+    """The `count` best kept checkpoints (`train.keep_best`) as (prefix, entry), best first."""
+    entries = read_best_index(checkpoint_dir)
+    if not entries:
+        raise UserError(
+            f"{checkpoint_dir}: no best checkpoints kept (train with train.keep_best: N)"
+        )
+    directory = Path(checkpoint_dir) / BEST_DIR
+    return [(str(directory / entry["checkpoint"]), entry) for entry in entries[:count]]

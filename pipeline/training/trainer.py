@@ -34,7 +34,7 @@ from pipeline.model_types.builder import build_model
 from pipeline.training import callbacks as training_callbacks
 from pipeline.training.accumulation import accumulation_configured, micro_batches_per_update
 from pipeline.training.accumulation import describe as describe_accumulation
-from pipeline.training.checkpoints import average_checkpoints
+from pipeline.training.checkpoints import WATCHED_METRICS, BestCheckpoints, average_checkpoints
 from pipeline.training.distribution import (
     WorkerLost,
     current_task,
@@ -271,10 +271,12 @@ class TrainingRun:
         self.optimizer.build(self.model.trainable_variables)  # now: replicas need no batch
         stops_early = train["early_stopping_patience"] and self.valid_data is not None
         self.state = RunState(len(self.training_corpora), self.model if stops_early else None)
+        self.checkpoint = training_checkpoint(self.model, self.optimizer, self.state)
         self.manager = tf.train.CheckpointManager(
-            training_checkpoint(self.model, self.optimizer, self.state),
-            str(self.output / CHECKPOINT_DIR), max_to_keep=train["keep_checkpoints"],
+            self.checkpoint, str(self.output / CHECKPOINT_DIR),
+            max_to_keep=train["keep_checkpoints"],
         )  # fmt: skip
+        self.metric = WATCHED_METRICS[train["early_stopping_metric"]]
 
     def restore(self):
         """The chief resumes from its latest checkpoint, or starts from `init_from`'s
@@ -421,8 +423,12 @@ class TrainingRun:
             callbacks.append(training_callbacks.TimeBudget(
                 train, state, self.steps_per_epoch, self.schedule, log))  # fmt: skip
         if state.early_stopping is not None:
+            patience = train["early_stopping_patience"]
             callbacks.append(training_callbacks.EarlyStopping(
-                train["early_stopping_patience"], state.early_stopping, log))  # fmt: skip
+                patience, state.early_stopping, self.metric, log))  # fmt: skip
+        if train["keep_best"]:
+            best = BestCheckpoints(self.output / CHECKPOINT_DIR, train["keep_best"], self.metric)
+            callbacks.append(training_callbacks.KeepBest(best, self.checkpoint, before_save, log))
         callbacks.extend(self.chiefs_callbacks() if self.task.is_chief else ())
         return training_callbacks.in_order(callbacks)
 
@@ -430,11 +436,16 @@ class TrainingRun:
         """Validation BLEU, attention images and TensorBoard logs, written by the chief."""
         train, valid = self.train, self.corpora["valid"]
         callbacks = []
-        if train["bleu_every_epochs"]:
+        if self.metric.name != "loss" or train["bleu_every_epochs"]:
             sources, references, directions = _bleu_subset(valid, train["bleu_subset"])
-            callbacks.append(training_callbacks.ValidationBleu(
-                self.translator, self.float32_model, sources, references,
-                train["bleu_every_epochs"], directions))  # fmt: skip
+            subset = (self.translator, self.float32_model, sources, references)
+            callbacks.append(
+                training_callbacks.StoppingScores(*subset, directions)  # every epoch, first
+                if self.metric.name != "loss"
+                else training_callbacks.ValidationBleu(
+                    *subset, train["bleu_every_epochs"], directions
+                )  # fmt: skip
+            )
         attends = MODEL_TYPES[self.config["model"]["type"]].attends(self.config["model"])
         if train["attention_images"] and self.valid_data is not None and attends:
             callbacks.append(training_callbacks.AttentionImages(
@@ -450,15 +461,21 @@ class TrainingRun:
         """The saved model (the mean of the last checkpoints, early stopping's best epoch or
         the last weights) and its test scores."""
         train, model, log = self.train, self.model, self.log
+        step = int(self.optimizer.iterations.numpy())
+        weights = f"the last weights (step {step})" if history else None
         if history and train["average_checkpoints"] > 1:
             paths = self.manager.checkpoints[-train["average_checkpoints"] :]
             average_checkpoints(model, train, paths)
             names = ", ".join(os.path.basename(path) for path in paths)
-            log(f"Weights: the mean of the last {len(paths)} checkpoints ({names})")
+            weights = f"the mean of the last {len(paths)} checkpoints ({names})"
+            log(f"Weights: {weights}")
         elif history and self.state.early_stopping is not None:
             best_epoch = self.state.early_stopping.restore_best(model)
             if best_epoch and best_epoch < int(self.state.completed_epochs.numpy()):
-                log(f"Weights: the best epoch's, epoch {best_epoch} (lowest validation loss)")
+                best = abs(float(self.state.early_stopping.best.numpy()))
+                weights = (f"the best epoch's, epoch {best_epoch} (best "
+                           f"{self.metric.description}, {best:.3f})")  # fmt: skip
+                log(f"Weights: {weights}")
         # With nothing left to train, the saved model is the run's: its weights may be averaged
         # or early stopping's best, where the last checkpoint's are neither.
         total = float(self.state.training_seconds.numpy())
@@ -471,9 +488,11 @@ class TrainingRun:
         else:
             self.float32_model.load_weights(self.workdir / MODEL_FILE)
         if self.corpora["test"]:
-            self.evaluate_test(total)
+            self.evaluate_test(total, weights)
 
-    def evaluate_test(self, training_seconds):
+    def evaluate_test(self, training_seconds, weights=None):
+        """Scores the saved model on the test split; the report says which `weights` it holds
+        (None: as saved by an earlier command)."""
         corpus = self.corpora["test"]
         self.log(f"Translating the test split ({len(corpus)} sentences)...")
         hypotheses = self.translator.translate(corpus.sources)
@@ -482,6 +501,12 @@ class TrainingRun:
             report["directions"] = score_directions(hypotheses, corpus)
             self.log(direction_table(report["directions"]))
         report["training_seconds"] = round(training_seconds, 1)
+        earlier = self.workdir / TEST_REPORT  # the saved model's, when this command trained none
+        if weights is None and earlier.exists():
+            with contextlib.suppress(ValueError):  # a damaged report is replaced
+                weights = json.loads(earlier.read_text(encoding="utf-8")).get("weights")
+        if weights:
+            report["weights"] = weights
         write_text_atomically(self.workdir / TEST_TRANSLATIONS,
                               "".join(h + "\n" for h in hypotheses))  # fmt: skip
         write_text_atomically(self.workdir / TEST_REPORT, json.dumps(report, indent=2) + "\n")
