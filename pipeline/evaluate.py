@@ -1,4 +1,4 @@
-"""Evaluate a trained model: BLEU and chrF (sacreBLEU) and perplexity on a split.
+"""Evaluate a trained model: BLEU, chrF and TER (sacreBLEU) and perplexity on a split.
 
     python -m pipeline.evaluate --workdir DIR [--split test|valid|FILE] [--beam-size N]
         [--directions de-fr,fr-de] [any search flag of pipeline.translate]

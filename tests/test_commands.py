@@ -101,11 +101,12 @@ def test_bad_options_and_missing_model(tmp_path, input_file, capsys):
     assert "--n-best (3) cannot exceed --beam-size (2)" in capsys.readouterr().err
 
 
-def test_evaluate_reports_bleu_chrf_and_perplexity(workdir, capsys):
+def test_evaluate_reports_bleu_chrf_ter_and_perplexity(workdir, capsys):
     evaluate.main(["--workdir", str(workdir), "--split", "valid", "--beam-size", "2"])
     report = json.loads((workdir / "eval_valid.json").read_text(encoding="utf-8"))
     assert report["sentences"] == 1000
-    assert {"bleu", "bleu_lowercase", "chrf", "perplexity", "bleu_signature"} <= set(report)
+    assert {"bleu", "bleu_lowercase", "chrf", "ter", "perplexity", "bleu_signature",
+            "ter_signature"} <= set(report)
     assert report["perplexity"] > 1.0 and report["search"]["beam_size"] == 2
     assert json.loads(capsys.readouterr().out) == report
 
@@ -117,3 +118,12 @@ def test_evaluate_on_a_tsv_file(workdir, tmp_path, capsys):
     assert (
         json.loads((workdir / "eval_pairs.tsv.json").read_text(encoding="utf-8"))["sentences"] == 2
     )
+
+
+def test_ter_counts_edits_per_reference_word():
+    from pipeline.decoding.evaluation import score_translations
+
+    assert score_translations(["a dog runs ."], ["a dog runs ."])["ter"] == 0.0
+    # One substitution and one deletion against 8 reference words (sacreBLEU's tokenisation).
+    scores = score_translations(["a cat runs .", "two men sit"], ["a dog runs .", "two men sit ."])
+    assert scores["ter"] == 25.0 and scores["ter_signature"].startswith("nrefs:1|case:lc")

@@ -4,18 +4,23 @@ import sacrebleu
 
 
 def score_translations(hypotheses, references):
-    """BLEU (cased and lowercased) and chrF of `hypotheses` against one reference each."""
+    """BLEU (cased and lowercased), chrF and TER (Snover et al., 2006: edits per reference
+    word, lower is better) of `hypotheses` against one reference each, as sacreBLEU computes
+    them, with their signatures."""
     bleu = sacrebleu.metrics.BLEU()
     bleu_lower = sacrebleu.metrics.BLEU(lowercase=True)
     chrf = sacrebleu.metrics.CHRF()
+    ter = sacrebleu.metrics.TER()
     refs = [references]
     bleu_score = bleu.corpus_score(hypotheses, refs)
     return {
         "bleu": round(bleu_score.score, 2),
         "bleu_lowercase": round(bleu_lower.corpus_score(hypotheses, refs).score, 2),
         "chrf": round(chrf.corpus_score(hypotheses, refs).score, 2),
+        "ter": round(ter.corpus_score(hypotheses, refs).score, 2),
         "bleu_signature": str(bleu.get_signature()),
         "chrf_signature": str(chrf.get_signature()),
+        "ter_signature": str(ter.get_signature()),
         "sentences": len(hypotheses),
     }
 
@@ -62,12 +67,12 @@ class LanguageIdentifier:
 def direction_table(scores):
     """`score_directions`' figures as a Markdown table, a row a direction."""
     rows = [
-        f"| {direction} | {s['bleu']} | {s['bleu_lowercase']} | {s['chrf']} | "
+        f"| {direction} | {s['bleu']} | {s['bleu_lowercase']} | {s['chrf']} | {s['ter']} | "
         f"{'-' if s['wrong_language'] is None else s['wrong_language']} |"
         for direction, s in scores.items()
     ]
-    return "\n".join(["| direction | BLEU | BLEU lowercased | chrF | wrong language % |",
-                      "|---|---:|---:|---:|---:|", *rows])  # fmt: skip
+    return "\n".join(["| direction | BLEU | BLEU lowercased | chrF | TER | wrong language % |",
+                      "|---|---:|---:|---:|---:|---:|", *rows])  # fmt: skip
 
 
 def corpus_perplexity(model, corpus, source_tokenizer, target_tokenizer, config, name, log=print):

@@ -513,7 +513,7 @@ class TrainingRun:
         pooled = ", every direction pooled" if corpus.directions else ""
         self.log(
             f"Test{pooled}: BLEU {report['bleu']} (lowercased {report['bleu_lowercase']}), "
-            f"chrF {report['chrf']}  [{report['bleu_signature']}]"
+            f"chrF {report['chrf']}, TER {report['ter']}  [{report['bleu_signature']}]"
         )
 
     def leave_scratch(self):
