@@ -1,5 +1,7 @@
 """Export a trained model: `python -m export --workdir DIR [--output OUT] [--version N]
-[--formats saved_model,onnx,ctranslate2] [--model-name NAME]`.
+[--formats saved_model,onnx,ctranslate2] [--model-name NAME]`, or an ensemble of models of one
+vocabulary as one model: `python -m export --ensemble DIR DIR ... [--weights W ...] --output
+OUT`.
 
 Writes OUT/saved_model/<model_name>/<version>/ (TF Serving), OUT/onnx/ (ONNX Runtime) and, for
 a Transformer on request, OUT/ctranslate2/ (CTranslate2, with weights of
@@ -11,12 +13,24 @@ import sys
 from pathlib import Path
 
 from pipeline.config import DEFAULT_EXPORT_FORMATS, EXPORT_FORMATS, parse_export_formats
-from pipeline.core.errors import report_user_errors
+from pipeline.core.errors import UserError, report_user_errors
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m export", description=__doc__)
-    parser.add_argument("--workdir", type=Path, required=True, help="a trained work directory")
+    models = parser.add_mutually_exclusive_group(required=True)
+    models.add_argument("--workdir", type=Path, help="a trained work directory")
+    models.add_argument(
+        "--ensemble",
+        type=Path,
+        nargs="+",
+        metavar="DIR",
+        help="trained work directories of one vocabulary, exported as one model whose search "
+        "averages their log-probabilities (needs --output)",
+    )
+    parser.add_argument(
+        "--weights", type=float, nargs="+", metavar="W", help="--ensemble: each model's weight"
+    )
     parser.add_argument(
         "--output", type=Path, help="export root (default: export.directory, else WORKDIR/export)"
     )
@@ -46,14 +60,19 @@ def main(argv=None):
     formats = parse_export_formats(args.formats, "--formats")
     from export.exporter import export_model  # TensorFlow loads once the arguments are valid
 
+    if args.weights and not args.ensemble:
+        raise UserError("--weights goes with --ensemble")
+    first, *others = args.ensemble or [args.workdir]
     return export_model(
-        args.workdir,
+        first,
         args.output,
         formats,
         args.version,
         args.model_name,
         verbose=args.verbose,
         wait=args.wait,
+        ensemble=others,
+        weights=args.weights,
     )
 
 

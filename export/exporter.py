@@ -29,7 +29,7 @@ from pipeline.core import library_output, multilingual
 from pipeline.core.atomic_files import writing
 from pipeline.core.errors import UserError
 from pipeline.data.tokenizer import vocabulary_paths
-from pipeline.workdir import exclusive_writer, load_trained, write_directory_atomically
+from pipeline.workdir import exclusive_writer, load_ensemble, write_directory_atomically
 
 EXPORT_LOG = "export.log"  # what the converters write to stderr, beside the exports
 
@@ -95,12 +95,23 @@ def export_model(
     log=print,
     verbose=False,
     wait=False,
+    ensemble=(),
+    weights=None,
 ):
     """Exports `workdir`'s model in `formats` under `output` (default: the configuration's
-    export.directory, else WORKDIR/export); returns {format: path}. What the converters write
-    to stderr goes to OUT/export.log unless `verbose`. An export into the work directory holds
-    its writer lock (waiting for another holder with `wait`); one elsewhere reads it only."""
-    config, model, source_tokenizer, target_tokenizer = load_trained(workdir)
+    export.directory, else WORKDIR/export); returns {format: path}. With `ensemble` (further
+    work directories of the same vocabulary) and `weights`, one model holding all of them and
+    their combined search (`pipeline.model_types.ensemble`), under `output`, which it needs.
+    What the converters write to stderr goes to OUT/export.log unless `verbose`. An export
+    into the work directory holds its writer lock (waiting for another holder with `wait`); one
+    elsewhere reads it only."""
+    if ensemble and not output:
+        raise UserError("an ensemble's export needs --output: it belongs to no one work directory")
+    if ensemble and "ctranslate2" in formats:
+        raise UserError("--formats ctranslate2 holds one model: export an ensemble as "
+                        "saved_model or onnx")  # fmt: skip
+    config, model, source_tokenizer, target_tokenizer = load_ensemble([workdir, *ensemble],
+                                                                      weights)  # fmt: skip
     if "ctranslate2" in formats:  # refused now rather than after the other formats
         check_formats_fit_model(formats, config["model"]["type"], str(workdir))
         import export.ctranslate2_model  # noqa: F401  (names the package to install, if missing)

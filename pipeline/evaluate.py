@@ -4,7 +4,9 @@
         [--directions de-fr,fr-de] [any search flag of pipeline.translate]
 
 FILE is a TSV of source<TAB>reference. The report is printed and written to
-DIR/eval_<split>.json.
+DIR/eval_<split>.json. With `--workdir` given again for each further model, an ensemble of
+one vocabulary is evaluated (`--weights`), into DIR/eval_<split>.ensemble-of-N.json of the
+first model's DIR.
 """
 
 import argparse
@@ -15,6 +17,7 @@ from pathlib import Path
 
 from pipeline.core.errors import UserError, report_user_errors
 from pipeline.decoding.search_options import add_search_arguments, search_arguments
+from pipeline.workdir import add_model_arguments
 
 
 def parse_args(argv):
@@ -23,7 +26,7 @@ def parse_args(argv):
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--workdir", type=Path, required=True, help="a trained work directory")
+    add_model_arguments(parser)
     parser.add_argument("--split", default="test", help="test, valid (or val), or a TSV file")
     parser.add_argument("--batch-size", type=int, help="default: decode.batch_size")
     parser.add_argument("--directions", help="a multilingual model: the directions of the split "
@@ -82,9 +85,9 @@ def main(argv=None):
         score_directions,
         score_translations,
     )
-    from pipeline.workdir import load_trained
+    from pipeline.workdir import load_ensemble
 
-    loaded = load_trained(args.workdir)
+    loaded = load_ensemble(args.workdir, args.weights)
     config, model, source_tokenizer, target_tokenizer = loaded
     name, corpus, hypotheses, options = translate_split(
         loaded, args.split, args.batch_size, args.directions, **search
@@ -102,8 +105,12 @@ def main(argv=None):
         report["perplexity"] = round(perplexity[0], 3)
         report["perplexity_pairs"] = perplexity[1]
     report["search"] = dataclasses.asdict(options)
+    written = args.workdir[0] / f"eval_{name}.json"
+    if len(args.workdir) > 1 or args.weights:  # beside the first model's own reports
+        report["ensemble"] = {"workdirs": [str(w) for w in args.workdir], "weights": model.weights}
+        written = written.with_suffix(f".ensemble-of-{len(args.workdir)}.json")
     text = json.dumps(report, indent=2) + "\n"
-    write_text_atomically(args.workdir / f"eval_{name}.json", text)
+    write_text_atomically(written, text)
     print(text, end="")
 
 

@@ -9,6 +9,7 @@ divided by the target's token count, and that count. A higher per-token figure i
 likely translation: sort by it to filter a noisy corpus. Files may be gzipped; they are read
 and scored a block at a time, so their size is not limited by memory. `--alignments` writes
 each pair's forced alignment, `source-target` links to the most attended source token.
+`--workdir` given again for each further model scores with an ensemble (`--weights`).
 """
 
 import argparse
@@ -17,6 +18,7 @@ import sys
 from pathlib import Path
 
 from pipeline.core.errors import report_user_errors
+from pipeline.workdir import add_model_arguments
 
 BLOCK_PAIRS = 4096  # pairs read, sorted and scored together
 
@@ -27,7 +29,7 @@ def parse_args(argv):
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--workdir", type=Path, required=True, help="a trained work directory")
+    add_model_arguments(parser)
     parser.add_argument("--source", type=Path, required=True, help="source sentences")
     parser.add_argument("--target", type=Path, required=True, help="their translations")
     parser.add_argument("--output", type=Path, help="file for the scores (default: stdout)")
@@ -73,9 +75,9 @@ def main(argv=None):
     from pipeline.core.atomic_files import open_atomically
     from pipeline.data.corpus import iter_aligned
     from pipeline.decoding.scoring import Scorer
-    from pipeline.workdir import load_trained
+    from pipeline.workdir import load_ensemble
 
-    config, model, source_tokenizer, target_tokenizer = load_trained(args.workdir)
+    config, model, source_tokenizer, target_tokenizer = load_ensemble(args.workdir, args.weights)
     languages = multilingual.languages(config["data"])
     own_target = multilingual.model_languages(config["data"]).get("target")
     # The language checked before any file is read (a blank sentence needs no tag).

@@ -6,6 +6,9 @@
 
 Reads standard input unless --input is given. With --n-best N > 1 each input line gives N
 lines of `index<TAB>rank<TAB>score<TAB>translation`; with --scores, `score<TAB>translation`.
+`--workdir` given again for each further model translates with an ensemble of them (one
+vocabulary; the first model's search settings): at each step, the weighted mean (`--weights
+W ...`) of the models' log-probabilities.
 """
 
 import argparse
@@ -16,6 +19,7 @@ import numpy as np
 
 from pipeline.core.errors import UserError, report_user_errors
 from pipeline.decoding.search_options import add_search_arguments, search_arguments
+from pipeline.workdir import add_model_arguments
 
 
 def parse_args(argv):
@@ -24,7 +28,7 @@ def parse_args(argv):
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--workdir", type=Path, required=True, help="a trained work directory")
+    add_model_arguments(parser)
     parser.add_argument("--input", type=Path, help="file of sentences (default: stdin)")
     parser.add_argument("--output", type=Path, help="file for translations (default: stdout)")
     parser.add_argument("--errors", choices=("strict", "replace"), default="strict",
@@ -83,10 +87,10 @@ def main(argv=None):
     from pipeline.data.text_input import read_sentences
     from pipeline.decoding.attention_plot import plot_attention
     from pipeline.decoding.translation import Translator
-    from pipeline.workdir import load_trained
+    from pipeline.workdir import load_ensemble
 
     # The model first: a bad work directory is reported before anyone types on stdin.
-    config, model, source_tokenizer, target_tokenizer = load_trained(args.workdir)
+    config, model, source_tokenizer, target_tokenizer = load_ensemble(args.workdir, args.weights)
     sentences = read_sentences(args.input, args.errors)
     prefixes = None
     if args.target_prefix:

@@ -152,3 +152,57 @@ def load_trained(workdir):
                 f"trained with {size}; the vocabulary does not belong to this model"
             )
     return config, model, source_tokenizer, target_tokenizer
+
+
+def load_ensemble(workdirs, weights=None):
+    """`load_trained`'s (configuration, model, source tokenizer, target tokenizer) of one
+    work directory, or of several as one `pipeline.model_types.ensemble.Ensemble` (with
+    `weights`) with the first one's configuration (search settings) and vocabularies. Members
+    whose vocabularies or languages differ are refused, naming the first difference."""
+    from pipeline.core import multilingual
+    from pipeline.model_types.ensemble import Ensemble
+
+    workdirs = [Path(workdir) for workdir in workdirs]
+    if len(workdirs) == 1 and weights is None:
+        return load_trained(workdirs[0])
+    loaded = [load_trained(workdir) for workdir in workdirs]
+    first_config, _, *first_tokenizers = loaded[0]
+    for workdir, (config, _, *tokenizers) in zip(workdirs[1:], loaded[1:]):
+        for side, mine, theirs in zip(("source", "target"), first_tokenizers, tokenizers):
+            difference = _vocabulary_difference(mine, theirs)
+            if difference:
+                raise UserError(f"{workdir}: its {side} vocabulary differs from "
+                                f"{workdirs[0]}'s ({difference}); an ensemble's models share "
+                                "their vocabularies")  # fmt: skip
+        targets = [multilingual.languages(c["data"]) for c in (first_config, config)]
+        if targets[0] != targets[1]:  # the tags a multilingual model's requests may name
+            raise UserError(
+                f"{workdir}: translates into {', '.join(targets[1]) or 'one language'}, "
+                f"{workdirs[0]} into {', '.join(targets[0]) or 'one language'}"
+            )
+    ensemble = Ensemble([model for _, model, _, _ in loaded], weights)
+    return first_config, ensemble, *first_tokenizers
+
+
+def _vocabulary_difference(mine, theirs):
+    """The first way two `Tokenizer`s differ, in words ('' when they are the same model)."""
+    if mine.model_proto == theirs.model_proto:
+        return ""
+    if mine.vocab_size != theirs.vocab_size:
+        return f"{theirs.vocab_size} pieces against {mine.vocab_size}"
+    for piece_id in range(mine.vocab_size):
+        piece, other = mine.processor.id_to_piece(piece_id), theirs.processor.id_to_piece(piece_id)
+        if piece != other:
+            return f"piece {piece_id} is {other!r}, not {piece!r}"
+    return "the same pieces, segmented with other scores or settings"
+
+
+def add_model_arguments(parser):
+    """`--workdir DIR` (repeated: an ensemble) and `--weights` of the commands that translate
+    or score; `load_ensemble(args.workdir, args.weights)` loads what they name."""
+    parser.add_argument("--workdir", type=Path, action="append", required=True,
+                        help="a trained work directory; give it again for each further model "
+                             "of an ensemble (one vocabulary)")  # fmt: skip
+    parser.add_argument("--weights", type=float, nargs="+", metavar="W",
+                        help="an ensemble: each model's weight, in --workdir order (default: "
+                             "equal)")  # fmt: skip

@@ -105,8 +105,15 @@ def test_evaluate_reports_bleu_chrf_ter_and_perplexity(workdir, capsys):
     evaluate.main(["--workdir", str(workdir), "--split", "valid", "--beam-size", "2"])
     report = json.loads((workdir / "eval_valid.json").read_text(encoding="utf-8"))
     assert report["sentences"] == 1000
-    assert {"bleu", "bleu_lowercase", "chrf", "ter", "perplexity", "bleu_signature",
-            "ter_signature"} <= set(report)
+    assert {
+        "bleu",
+        "bleu_lowercase",
+        "chrf",
+        "ter",
+        "perplexity",
+        "bleu_signature",
+        "ter_signature",
+    } <= set(report)
     assert report["perplexity"] > 1.0 and report["search"]["beam_size"] == 2
     assert json.loads(capsys.readouterr().out) == report
 

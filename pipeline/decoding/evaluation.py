@@ -1,4 +1,7 @@
-"""Translation quality: BLEU and chrF with sacreBLEU (with their signatures), and perplexity."""
+"""Translation quality: BLEU, chrF and TER with sacreBLEU (with their signatures), and
+perplexity."""
+
+import math
 
 import sacrebleu
 
@@ -81,19 +84,35 @@ def corpus_perplexity(model, corpus, source_tokenizer, target_tokenizer, config,
 
     Returns (perplexity, pairs), or None when no pair is within the limits.
     """
-    from pipeline.data.dataset import (
-        batching_options,
-        encode_corpus,
-        make_dataset,
-        with_known_length,
-    )
+    import tensorflow as tf
+
+    from pipeline.data.dataset import batching_options, encode_corpus, make_dataset
+    from pipeline.data.tokenizer import PAD_ID
 
     encoded = encode_corpus(
         corpus, source_tokenizer, target_tokenizer, config["data"], name, log=log
     )
     if not len(encoded):
         return None
-    batches = with_known_length(make_dataset(encoded, **batching_options(config)))
-    model.compile()
-    metrics = model.evaluate(batches, verbose=0, return_dict=True)
-    return float(metrics["perplexity"]), len(encoded)
+    spec = tf.TensorSpec([None, None], tf.int32)
+
+    @tf.function(input_signature=[spec, spec, spec], reduce_retracing=True)
+    def negative_log_likelihood(source_ids, target_input_ids, target_output_ids):
+        # Through `forward`, which a single model and an ensemble both have.
+        logits, _ = model.forward(
+            {"source_ids": source_ids, "target_input_ids": target_input_ids}, training=False
+        )
+        log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)
+        real = tf.not_equal(target_output_ids, PAD_ID)
+        token_log_probs = tf.gather(log_probs, target_output_ids, batch_dims=2)
+        return -tf.reduce_sum(tf.where(real, token_log_probs, 0.0)), tf.reduce_sum(
+            tf.cast(real, tf.float32)
+        )
+
+    total, tokens = 0.0, 0.0
+    for inputs, labels in make_dataset(encoded, **batching_options(config)):
+        nll, count = negative_log_likelihood(
+            inputs["source_ids"], inputs["target_input_ids"], labels
+        )
+        total, tokens = total + float(nll), tokens + float(count)
+    return math.exp(total / tokens), len(encoded)

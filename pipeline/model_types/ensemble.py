@@ -1,0 +1,78 @@
+"""Several trained models of one vocabulary as one model on the decoding contract
+(`layers.EncoderDecoderModel`'s `encode`, `initial_decoder_state`, `decode_step`, and
+`forward` for scoring), so that search, scoring and the exports run an ensemble as they run
+one model.
+
+At each step the ensemble's log-probabilities are the weighted mean of its members' (as
+Marian and Sockeye combine them; search's log-softmax then renormalises them, a weighted
+geometric mean of the members' distributions). The encodings and search states are the
+members' own, side by side in one nest, so members of any family and size combine; their
+attention over the source is averaged over the members that have one.
+"""
+
+import tensorflow as tf
+
+from pipeline.core.errors import UserError
+
+SPECIAL_IDS = ("pad_id", "bos_id", "eos_id")  # what every member must agree on, as vocab sizes
+
+
+class Ensemble:
+    """`members` (trained `layers.EncoderDecoderModel`s sharing the vocabularies) with
+    `weights` (positive, one a member; default equal), normalised to sum to 1."""
+
+    def __init__(self, members, weights=None):
+        if not members:
+            raise UserError("an ensemble needs at least one model")
+        weights = [1.0] * len(members) if weights is None else [float(w) for w in weights]
+        if len(weights) != len(members):
+            raise UserError(f"{len(weights)} weights for {len(members)} models: give one a model")
+        if min(weights) <= 0:
+            raise UserError(f"ensemble weights must be above 0, got {weights}")
+        self.members = list(members)
+        self.weights = [w / sum(weights) for w in weights]
+        first = self.members[0]
+        for name in (*SPECIAL_IDS, "source_vocab_size", "target_vocab_size"):
+            setattr(self, name, getattr(first, name))
+
+    @property
+    def variables(self):
+        return [variable for member in self.members for variable in member.variables]
+
+    def encode(self, source_ids):
+        return {f"member_{i}": m.encode(source_ids) for i, m in enumerate(self.members)}
+
+    def initial_decoder_state(self, encoded):
+        return {
+            f"member_{i}": m.initial_decoder_state(encoded[f"member_{i}"])
+            for i, m in enumerate(self.members)
+        }
+
+    def decode_step(self, token_ids, state, encoded, step):
+        """The weighted mean of the members' log-probabilities `[rows, vocab]`, their states,
+        and their mean attention `[rows, src_len]` (None when no member attends)."""
+        log_probs, states, attention = [], {}, []
+        for i, member in enumerate(self.members):
+            key = f"member_{i}"
+            logits, states[key], weights = member.decode_step(
+                token_ids, state[key], encoded[key], step
+            )
+            log_probs.append(self.weights[i] * tf.nn.log_softmax(tf.cast(logits, tf.float32)))
+            if weights is not None:
+                attention.append(tf.cast(weights, tf.float32))
+        return tf.add_n(log_probs), states, _mean(attention)
+
+    def forward(self, inputs, training=None):
+        """Teacher-forced: the weighted mean log-probabilities `[batch, tgt_len, vocab]` and
+        the mean attention `[batch, tgt_len, src_len]` (None when no member attends)."""
+        log_probs, attention = [], []
+        for weight, member in zip(self.weights, self.members, strict=True):
+            logits, weights = member.forward(inputs, training=training)
+            log_probs.append(weight * tf.nn.log_softmax(tf.cast(logits, tf.float32)))
+            if weights is not None:
+                attention.append(tf.cast(weights, tf.float32))
+        return tf.add_n(log_probs), _mean(attention)
+
+
+def _mean(tensors):
+    return tf.add_n(tensors) / len(tensors) if tensors else None
