@@ -2,7 +2,8 @@
 
     python -m pipeline.translate --workdir DIR [--input FILE] [--beam-size 5] [--n-best 3]
         [--length-penalty 0.6] [--sampling-temperature T --sampling-topk K] [--scores]
-        [--alignments FILE] [--plot DIR] [--target-language fr | --target-languages FILE]
+        [--alignments FILE] [--plot DIR]
+        [--target-language fr | --target-languages FILE | --languages-in-input]
 
 Reads standard input unless --input is given. With --n-best N > 1 each input line gives N
 lines of `index<TAB>rank<TAB>score<TAB>translation`; with --scores, `score<TAB>translation`.
@@ -40,6 +41,9 @@ def parse_args(argv):
     languages.add_argument("--target-languages", type=Path, metavar="FILE",
                            help="a multilingual model: a file of language codes, a line per "
                                 "input line")  # fmt: skip
+    languages.add_argument("--languages-in-input", action="store_true",
+                           help="a multilingual model: input lines of LANGUAGE<TAB>sentence, "
+                                "each into its language")  # fmt: skip
     parser.add_argument("--target-prefix", type=Path,
                         help="file of prefixes, a line per input line: each translation starts "
                              "with its line's text (an empty line: no prefix)")  # fmt: skip
@@ -67,6 +71,20 @@ def load_translator(workdir, batch_size=None, **options):
     from pipeline.workdir import load_trained
 
     return Translator.from_trained(load_trained(workdir), batch_size, **options)
+
+
+def split_language_column(lines):
+    """`LANGUAGE<TAB>sentence` lines -> (languages, sentences); a line without a tab is a
+    `UserError` naming it."""
+    languages, sentences = [], []
+    for number, line in enumerate(lines, start=1):
+        language, tab, sentence = line.partition("\t")
+        if not tab:
+            raise UserError(f"input line {number}: no tab; --languages-in-input reads "
+                            "LANGUAGE<TAB>sentence lines")  # fmt: skip
+        languages.append(language.strip())
+        sentences.append(sentence)
+    return languages, sentences
 
 
 def alignment_line(hypothesis):
@@ -103,7 +121,11 @@ def main(argv=None):
     asked = args.target_language
     if args.target_languages:
         asked = read_sentences(args.target_languages, args.errors)
-    flag = "--target-languages" if args.target_languages else "--target-language"
+    if args.languages_in_input:
+        asked, sentences = split_language_column(sentences)
+    flag = next((f for f, given in (("--target-languages", args.target_languages),
+                                    ("--languages-in-input", args.languages_in_input))
+                 if given), "--target-language")  # fmt: skip
     requests = multilingual.tag_requests(
         sentences, asked, multilingual.languages(config["data"]),
         multilingual.model_languages(config["data"]).get("target"), flag,

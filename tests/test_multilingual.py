@@ -195,6 +195,14 @@ def test_translate_takes_a_target_language_a_file_of_them_and_refuses_the_rest(
                         "--target-language", language])  # fmt: skip
         alone += capsys.readouterr().out.splitlines()
     assert mixed == alone  # a batch mixing languages gives each sentence what it gets alone
+    tsv = tmp_path / "input.tsv"
+    tsv.write_text("en\tEin Hund läuft.\nfr\tZwei Männer.\n")
+    translate.main(["--workdir", str(trained), "--input", str(tsv), "--languages-in-input"])
+    assert capsys.readouterr().out.splitlines() == alone
+    tsv.write_text("en\tEin Hund läuft.\nZwei Männer.\n")
+    with pytest.raises(SystemExit):
+        translate.main(["--workdir", str(trained), "--input", str(tsv), "--languages-in-input"])
+    assert "input line 2: no tab" in capsys.readouterr().err
     for flags, says in [
         ([], "this model translates into de, en, fr: give --target-language"),
         (["--target-language", "cs"], "--target-language: unknown language 'cs'"),
