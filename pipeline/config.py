@@ -27,7 +27,7 @@ RECIPES = next((d for d in (PROJECT_ROOT / "configs", PROJECT_ROOT / "seq2seq_tf
                 if d.is_dir()), PROJECT_ROOT / "configs")  # fmt: skip
 DEFAULT_CONFIG = RECIPES / "default.yaml"
 # Keras dtype policies a model may train under; its variables and exports stay float32.
-PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+PRECISIONS = ("auto", "float32", "mixed_bfloat16", "mixed_float16")  # auto: training.precision
 LOSS_NORMALIZATIONS = ("tokens", "sentences")  # what a batch's loss sum is divided by
 STOPPING_METRICS = ("loss", "bleu", "chrf")  # see pipeline.training.callbacks.EarlyStopping
 SCHEDULE_KINDS = ("constant", "inverse_sqrt", "exponential")  # see pipeline.training.schedules
@@ -209,8 +209,10 @@ SCHEMA = {
         # bench/training_profile.py reads the traces.
         "profile_steps": Field(int, 0, "training steps traced for TensorBoard's Profile tab after "
                                "the first 10 (0: none; pip install xprof)", minimum=0),
-        "precision": Field(str, "float32", "the Keras dtype policy training runs under (the "
-                           "saved and exported model is float32)", choices=PRECISIONS),
+        # The saved and exported model is float32 whatever trained it.
+        "precision": Field(str, "auto", "the dtype policy training runs under (auto: "
+                           "mixed_bfloat16 where the hardware gains from it, else float32)",
+                           choices=PRECISIONS),
     },
     "decode": {
         "batch_size": positive_int(64, "sentences searched (or scored) at once by translate, "

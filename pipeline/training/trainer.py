@@ -42,6 +42,7 @@ from pipeline.training.distribution import (
     take_chiefs_state,
 )
 from pipeline.training.optimizers import make_optimizer
+from pipeline.training.precision import resolve as resolve_precision
 from pipeline.training.run_state import TRAINING_TIME, RunState, restore_run, training_checkpoint
 from pipeline.training.schedules import schedule_from_config
 from pipeline.workdir import (
@@ -191,6 +192,9 @@ class TrainingRun:
         self.task = current_task(config["distribute"])
         self.output = self.task.output_dir(workdir)
         self.output.mkdir(parents=True, exist_ok=True)
+        self.train["precision"], line = resolve_precision(self.train["precision"],
+                                                          workdir / CONFIG_FILE)  # fmt: skip
+        log(line)
         replicas = self.strategy.num_replicas_in_sync
         self.micro_batches = micro_batches_per_update(self.train, replicas)  # of one update
 
