@@ -237,6 +237,19 @@ SCHEMA = {
         "tpu_project": Field(str, None, "tpu: the TPU's cloud project for TPUClusterResolver "
                              "(null: its default)", nullable=True),
     },
+    # pipeline.distill: the training targets a teacher translates for this (student) model.
+    "distill": {
+        "int8": Field(bool, False, "the teacher translates with its int8 ONNX model (faster; "
+                      "check its quality first)"),
+        "beam_size": positive_int(None, "the teacher's beam (null: its export's default, its "
+                                  "recipe's)", nullable=True),
+        "batch_size": positive_int(64, "sentences the teacher translates at once"),
+        # The score: the teacher's search's, its log-probability over the length penalty.
+        "min_score": Field(float, None, "drop pairs whose translation the teacher scores below "
+                           "this (null: keep all)", nullable=True),
+        "keep_references": Field(bool, False, "train on the original pairs too, beside the "
+                                 "distilled ones"),
+    },
     "export": {
         "after_training": Field(bool, False, "export in export.formats when training ends (needs "
                                 "the exporter installed)"),

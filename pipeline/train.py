@@ -152,11 +152,18 @@ def main(argv=None):
         raise UserError(
             f"--init-from {args.init_from} is the work directory; fine-tune into a new one"
         )
+    return train_in(config, workdir, args.wait, args.init_from)
+
+
+def train_in(config, workdir, wait=False, init_from=None):
+    """Trains (or resumes) `config`'s model in `workdir`, as the command does: the work
+    directory's writer lock held (waiting for another holder with `wait`), then the
+    after-training hooks. Returns the Keras history."""
     hooks = after_training_hooks(config)
     # Only the chief writes the work directory; the other workers share it unlocked.
     chief = current_task(config["distribute"]).is_chief
-    with exclusive_writer(workdir, args.wait, log) if chief else contextlib.nullcontext():
-        return _train(config, workdir, hooks, args.init_from, chief)
+    with exclusive_writer(workdir, wait, log) if chief else contextlib.nullcontext():
+        return _train(config, workdir, hooks, init_from, chief)
 
 
 def _train(config, workdir, hooks, init_from, chief):

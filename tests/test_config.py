@@ -256,7 +256,7 @@ def test_the_configuration_reference_lists_every_key_in_its_section():
     page = (PROJECT_ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
     parts = dict(re.findall(r"^#+ ([^\n]+)\n(.*?)(?=^#|\Z)", page, re.M | re.S))
     assert [name for name in parts if name.isidentifier()] == [
-        "data", "model", "train", "decode", "distribute", "export"
+        "data", "model", "train", "decode", "distribute", "distill", "export"
     ]  # fmt: skip
     rows = {name: re.findall(r"^\| `(\w+)` \|", text, re.M) for name, text in parts.items()}
     rows["model"] = rows.pop("Every model type")

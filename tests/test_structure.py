@@ -37,7 +37,8 @@ def test_no_package_imports_one_downstream_of_it(package, forbidden):
     assert not wrong, wrong
 
 
-COMMANDS = {"train", "translate", "evaluate", "score", "average"}  # `python -m pipeline.X`
+# `python -m pipeline.X`
+COMMANDS = {"train", "translate", "evaluate", "score", "average", "distill"}
 CORE, DATA, MODELS, DECODING = "core", "data", "model_types", "decoding"
 # What each part of the project may import from `pipeline`: itself and what is upstream.
 UPSTREAM = {

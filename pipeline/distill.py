@@ -1,0 +1,234 @@
+"""Sequence-level knowledge distillation (Kim and Rush, 2016): a student trained on its
+teacher's translations of the training sources.
+
+    python -m pipeline.distill --teacher runs/TEACHER --config configs/student.yaml
+        [--workdir DIR] [--set section.key=value ...] [--wait]
+
+1. The teacher's ONNX export (TEACHER/export/onnx, `python -m export` writes it) translates
+   the student configuration's `data.train_source`, batched by length, with its recipe's
+   search (`distill.beam_size`, `distill.int8` to change it). The translations stream to
+   DIR/distilled/ a block at a time; an interrupted run continues after the last block
+   written, and the corpus files appear, each whole, only once every line is translated.
+2. The student then trains on them as `pipeline.train` trains (reports, checkpoints, resuming,
+   export), in the teacher's vocabularies. `distill.min_score` drops the pairs the teacher
+   scores lowest; `distill.keep_references` adds the original pairs.
+
+A command rather than a `data.distill_from` key: the distilled corpus is a product of its own,
+made once by a long translation with another model's runtime, and this keeps that phase and its
+progress apart from a training that any recipe can then repeat.
+"""
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from pipeline.config import DEFAULT_CONFIG, load_config
+from pipeline.core.atomic_files import open_atomically, write_text_atomically, writing
+from pipeline.core.errors import UserError, report_user_errors
+
+DISTILLED_DIR = "distilled"  # in the student's work directory
+PARTIAL_FILE = "translations.partial"  # score<TAB>translation lines, a block at a time
+PROGRESS_FILE = "progress.json"  # the lines and bytes of PARTIAL_FILE that are complete
+CORPUS_FILES = ("train.source.txt", "train.target.txt")  # the student's training pairs
+DONE_FILE = "done.json"  # written last: what the corpus holds
+BLOCK_LINES = 2048  # source lines translated, then written, at a time
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.distill",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--teacher", type=Path, required=True,
+                        help="the teacher's trained and exported work directory")  # fmt: skip
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG,
+                        help="the student's experiment YAML")  # fmt: skip
+    parser.add_argument("--workdir", type=Path,
+                        help="the student's work directory (default: runs/<config>)")  # fmt: skip
+    parser.add_argument("--wait", action="store_true",
+                        help="if another command writes to the work directory, wait")  # fmt: skip
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override one configuration value; repeatable")  # fmt: skip
+    return parser.parse_args(argv)
+
+
+def log(message):
+    print(message, flush=True)
+
+
+# Entry-point group of the ONNX runtime's translator class: the export package registers it
+# (pyproject.toml), so that distillation runs the teacher's export without importing `export`.
+ONNX_TRANSLATOR = "seq2seq_tf.onnx_translator"
+
+
+def onnx_translator():
+    """`export.runtime.OnnxTranslator`, through its entry point."""
+    from importlib.metadata import entry_points
+
+    registered = entry_points(group=ONNX_TRANSLATOR)
+    if not registered:
+        raise UserError("pipeline.distill needs the ONNX runtime of the export package: "
+                        "install the project (pip install -e .)")  # fmt: skip
+    return next(iter(registered)).load()
+
+
+def teacher_export(teacher):
+    """The teacher's ONNX export folder; a missing one is a `UserError` saying what to run."""
+    onnx = Path(teacher) / "export" / "onnx"
+    if not (onnx / "model.json").is_file():
+        raise UserError(f"--teacher {teacher}: no ONNX export in {onnx}; run python -m export "
+                        f"--workdir {teacher} first")  # fmt: skip
+    return onnx
+
+
+def student_config(config, teacher):
+    """`config` set to learn in the teacher's vocabularies, refusing settings that contradict
+    them or a training set the distillation cannot translate."""
+    from pipeline.core import multilingual
+    from pipeline.data.tokenizer import SIDES, vocabulary_paths
+    from pipeline.workdir import CONFIG_FILE
+
+    data = config["data"]
+    if (
+        not data["train_source"]
+        or data["train_tsv"]
+        or data["train_corpora"]
+        or (multilingual.is_multilingual(data))
+    ):
+        raise UserError("pipeline.distill translates data.train_source: give the student's "
+                        "training set as data.train_source and data.train_target")  # fmt: skip
+    trained = load_config(Path(teacher) / CONFIG_FILE, saved=True)["data"]
+    paths = vocabulary_paths(teacher)
+    data = dict(data)
+    for side, path in zip(SIDES, paths, strict=True):
+        given = data[f"{side}_vocabulary"]
+        if given and Path(given).read_bytes() != path.read_bytes():
+            raise UserError(f"data.{side}_vocabulary ({given}) is not the teacher's {side} "
+                            f"vocabulary ({path}); a student learns in its teacher's")  # fmt: skip
+        size = f"{side}_vocab_size"
+        if data[size] != trained[size]:
+            raise UserError(
+                f"data.{size} is {data[size]} here but {trained[size]} in the teacher's "
+                f"vocabulary ({path}); set it to {trained[size]}"
+            )
+        data[f"{side}_vocabulary"] = str(path)
+    data["shared_vocabulary"] = paths[0] == paths[1]
+    languages = multilingual.model_languages(trained)
+    for side in SIDES:  # the distilled files' names say no language: the teacher's do
+        data[f"{side}_language"] = data[f"{side}_language"] or languages.get(side)
+    return {**config, "data": data}
+
+
+class Distillation:
+    """The teacher's translations of `source` into `folder`, resumable a block at a time."""
+
+    def __init__(self, folder, source, teacher, settings):
+        self.folder, self.source = Path(folder), Path(source)
+        self.teacher, self.settings = Path(teacher), settings
+        self.partial, self.progress = self.folder / PARTIAL_FILE, self.folder / PROGRESS_FILE
+        self.identity = {"source": str(self.source.resolve()),
+                         "teacher": str(self.teacher.resolve()),
+                         "int8": settings["int8"], "beam_size": settings["beam_size"]}  # fmt: skip
+
+    def done(self):
+        path = self.folder / DONE_FILE
+        return path.is_file() and json.loads(path.read_text())["identity"] == self.identity
+
+    def completed(self):
+        """(lines, bytes) of the partial file that are complete (0, 0 for a new start, or when
+        what was begun came from another teacher, source or search)."""
+        if not (self.progress.is_file() and self.partial.is_file()):
+            return 0, 0
+        progress = json.loads(self.progress.read_text())
+        if progress["identity"] != self.identity:
+            return 0, 0
+        return progress["lines"], progress["bytes"]
+
+    def translate(self):
+        """Translates every source line not yet done, a block at a time, showing progress."""
+        from itertools import islice
+
+        from tqdm import tqdm
+
+        from pipeline.data.corpus import iter_lines
+
+        translator = onnx_translator()(teacher_export(self.teacher), int8=self.settings["int8"],
+                                       batch_size=self.settings["batch_size"])  # fmt: skip
+        options = {"beam_size": self.settings["beam_size"]} if self.settings["beam_size"] else {}
+        total = sum(1 for _ in iter_lines(self.source))
+        lines, size = self.completed()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if lines:
+            log(f"Distillation: {lines:,} of {total:,} lines translated before; continuing")
+        with writing(self.partial), open(self.partial, "ab") as partial:
+            partial.truncate(size)  # what a stop left after the last recorded block
+            remaining = islice(iter_lines(self.source), lines, None)
+            with tqdm(total=total, initial=lines, unit="sent", file=sys.stderr,
+                      desc="Teacher translating") as bar:  # fmt: skip
+                while block := list(islice(remaining, BLOCK_LINES)):
+                    best = translator.translate_n_best(block, 1, progress=bar.update, **options)
+                    text = "".join(f"{n_best[0][1]:.4f}\t{n_best[0][0]}\n" for n_best in best)
+                    partial.write(text.encode("utf-8"))
+                    partial.flush()
+                    os.fsync(partial.fileno())
+                    lines, size = lines + len(block), partial.tell()
+                    record = {"identity": self.identity, "lines": lines, "bytes": size}
+                    write_text_atomically(self.progress, json.dumps(record) + "\n")
+
+    def write_corpus(self, target, keep_references, min_score):
+        """The student's training files from the finished translations (and the references);
+        returns (source path, target path, the report)."""
+        from pipeline.data.corpus import iter_lines
+
+        source_path, target_path = (self.folder / name for name in CORPUS_FILES)
+        kept = dropped = 0
+        with open_atomically(source_path) as sources, open_atomically(target_path) as targets:
+            translations = iter_lines(self.partial)
+            for source, line in zip(iter_lines(self.source), translations, strict=True):
+                score, _, translation = line.partition("\t")
+                if min_score is not None and float(score) < min_score:
+                    dropped += 1
+                    continue
+                sources.write(source + "\n")
+                targets.write(translation + "\n")
+                kept += 1
+            if keep_references:
+                for source, reference in zip(iter_lines(self.source), iter_lines(target)):
+                    sources.write(source + "\n")
+                    targets.write(reference + "\n")
+        report = {"identity": self.identity, "distilled_pairs": kept, "dropped": dropped,
+                  "references": keep_references}  # fmt: skip
+        write_text_atomically(self.folder / DONE_FILE, json.dumps(report, indent=1) + "\n")
+        return source_path, target_path, report
+
+
+@report_user_errors
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    from pipeline.train import train_in
+
+    config = load_config(args.config, args.set)
+    teacher_export(args.teacher)
+    config = student_config(config, args.teacher)
+    workdir = args.workdir or Path("runs") / args.config.stem
+    settings, data = config["distill"], config["data"]
+    distillation = Distillation(workdir / DISTILLED_DIR, data["train_source"], args.teacher,
+                                settings)  # fmt: skip
+    source, target = (distillation.folder / name for name in CORPUS_FILES)
+    if not distillation.done():
+        distillation.translate()
+        source, target, report = distillation.write_corpus(
+            data["train_target"], settings["keep_references"], settings["min_score"]
+        )
+        references = ", with the references" if settings["keep_references"] else ""
+        log(f"Distilled corpus: {report['distilled_pairs']:,} pairs, {report['dropped']:,} "
+            f"dropped below distill.min_score{references}")  # fmt: skip
+    config["data"] = {**data, "train_source": str(source), "train_target": str(target)}
+    return train_in(config, workdir, args.wait)
+
+
+if __name__ == "__main__":
+    main()
