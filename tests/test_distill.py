@@ -84,9 +84,7 @@ def test_a_stopped_distillation_continues_and_leaves_no_corpus_before_the_end(
         )
 
 
-def test_a_teacher_without_an_export_or_another_vocabulary_is_refused(
-    exported_workdir, tmp_path
-):
+def test_a_teacher_without_an_export_or_another_vocabulary_is_refused(exported_workdir, tmp_path):
     with pytest.raises(UserError, match=r"no ONNX export in .*; run python -m export"):
         distill.teacher_export(tmp_path)
     with pytest.raises(SystemExit):
