@@ -26,9 +26,10 @@ def _counter():
 
 class EarlyStoppingState(tf.Module):
     """What `callbacks.EarlyStopping` keeps, so that a resumed run stops where an
-    uninterrupted one would: the lowest validation loss so far (`best`), the epochs since
-    (`wait`), the epoch that reached it (`best_epoch`, 0 before any) and copies of `model`'s
-    weights at that epoch (`copies`)."""
+    uninterrupted one would: the best value of its metric so far (`best`, as "lower is
+    better": the validation loss, or BLEU or chrF negated), the epochs since (`wait`), the
+    epoch that reached it (`best_epoch`, 0 before any) and copies of `model`'s weights at that
+    epoch (`copies`)."""
 
     def __init__(self, model):
         super().__init__()
