@@ -12,7 +12,12 @@ import pytest
 from pipeline import translate
 from pipeline.config import PROJECT_ROOT, load_config
 from pipeline.core.errors import UserError
-from pipeline.core.multilingual import Direction, parse_directions, tag_requests
+from pipeline.core.multilingual import (
+    Direction,
+    leading_tag_pieces,
+    parse_directions,
+    tag_requests,
+)
 from pipeline.data.corpus import (
     read_split,
     scan_multiway,
@@ -457,3 +462,18 @@ def test_score_takes_the_target_language_of_a_multilingual_model(trained, tmp_pa
     with pytest.raises(SystemExit):
         score.main(files)
     assert "give --target-language" in capsys.readouterr().err
+
+
+def test_the_tag_is_left_out_of_alignments_and_plots(trained):
+    from pipeline.decoding.translation import Translator
+    from pipeline.workdir import load_trained
+
+    translator = Translator.from_trained(load_trained(trained))
+    source = "Ein Hund läuft."
+    ((best,),) = translator.hypotheses(translator.requests([source], "fr"))
+    pieces = translator.source_tokenizer.processor.encode(source, out_type=str)
+    assert best.source_tokens == pieces
+    assert best.attention.shape == (len(best.target_tokens), len(pieces))
+    assert leading_tag_pieces(["▁", "<2fr>", "▁Ein"], ["de", "fr"]) == 2
+    assert leading_tag_pieces(["<2fr>", "▁Ein"], ["fr"]) == 1
+    assert leading_tag_pieces(["▁", "Ein"], ["fr"]) == 0

@@ -36,6 +36,18 @@ def language_tag(language):
     return f"{TAG_OPEN}{language}{TAG_CLOSE}"
 
 
+def leading_tag_pieces(pieces, languages):
+    """How many of a tagged source's first SentencePiece `pieces` spell its tag (the tag and
+    a lone word boundary before it); 0 when it starts with no tag of `languages`."""
+    tags = {language_tag(language) for language in languages}
+    for index, piece in enumerate(pieces[:2]):
+        if piece in tags:
+            return index + 1
+        if piece != "\u2581":
+            return 0
+    return 0
+
+
 def tagged(sentences, language):
     """`sentences` (str or bytes), each asking for a translation into `language`; a blank
     one stays as it is (nothing to translate)."""

@@ -157,6 +157,10 @@ class Translator:
         ids = ids[:length]
         attention = attention[:length, : len(source)]
         source_pieces = [self.source_tokenizer.processor.id_to_piece(i) for i in source]
+        # A multilingual source's tag is the request, not the sentence: alignments, plots and
+        # <unk> replacement see the sentence's pieces only.
+        tag = multilingual.leading_tag_pieces(source_pieces, self.languages)
+        source_pieces, attention = source_pieces[tag:], attention[:, tag:]
         target_pieces = [self.target_tokenizer.processor.id_to_piece(i) for i in ids]
         if options.replace_unknown:
             target_pieces = replace_unknown(ids, target_pieces, source_pieces, attention)
