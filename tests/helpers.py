@@ -1,12 +1,16 @@
 """Small shared builders for the tests."""
 
+import fcntl
 import gzip
+import hashlib
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -68,14 +72,26 @@ def node_example(name):
     if not node or not npm:
         pytest.skip("node and npm are needed for the JavaScript examples")
     example = PROJECT_ROOT / "examples" / name
-    if not (example / "node_modules").is_dir():
-        install = subprocess.run(
-            [npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund"],
-            cwd=example, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-        if install.returncode != 0:
-            pytest.skip(f"npm could not install the example's packages: {install.stderr[-500:]}")
+    # One install, however many pytest-xdist workers ask at once: `npm ci` empties
+    # node_modules before filling it, so a test must not run beside another's install.
+    with open(node_modules_lock(example), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        # npm writes its hidden lockfile once the packages are in place.
+        if not (example / "node_modules" / ".package-lock.json").is_file():
+            install = subprocess.run(
+                [npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund"],
+                cwd=example, capture_output=True, text=True, timeout=600,
+            )  # fmt: skip
+            if install.returncode != 0:
+                pytest.skip(f"npm could not install the example's packages: "
+                            f"{install.stderr[-500:]}")  # fmt: skip
     return node, example
+
+
+def node_modules_lock(example):
+    """The lock file (outside the project) that one install of `example`'s packages holds."""
+    digest = hashlib.sha256(str(example).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"seq2seq-npm-{digest}.lock"
 
 
 def run_python(code, *args, expect_status=0):
