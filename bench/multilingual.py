@@ -226,7 +226,7 @@ class Bench:
         for split in ("test", SECOND_TEST):
             print(f"\n### {split}: BLEU (lowercased) / chrF / wrong language %\n")
             systems = [s for s in ("multilingual", "zero_shot") if s in scores]
-            print("| direction | baseline | " + " | ".join(systems) + " | pivot |")
+            print("| " + " | ".join(["direction", "baseline", *systems, "pivot"]) + " |")
             print("|---|" + "---|" * (len(systems) + 2))
             names = sorted({d for s in scores.values() for d in s.get(split, {})})
             for direction in names:

@@ -51,28 +51,21 @@ class Ensemble:
     def decode_step(self, token_ids, state, encoded, step):
         """The weighted mean of the members' log-probabilities `[rows, vocab]`, their states,
         and their mean attention `[rows, src_len]` (None when no member attends)."""
-        log_probs, states, attention = [], {}, []
-        for i, member in enumerate(self.members):
-            key = f"member_{i}"
-            logits, states[key], weights = member.decode_step(
-                token_ids, state[key], encoded[key], step
-            )
-            log_probs.append(self.weights[i] * tf.nn.log_softmax(tf.cast(logits, tf.float32)))
-            if weights is not None:
-                attention.append(tf.cast(weights, tf.float32))
-        return tf.add_n(log_probs), states, _mean(attention)
+        keys = [f"member_{i}" for i in range(len(self.members))]
+        outputs = [member.decode_step(token_ids, state[key], encoded[key], step)
+                   for key, member in zip(keys, self.members)]  # fmt: skip
+        log_probs, attention = self._combined([(o[0], o[2]) for o in outputs])
+        return log_probs, {key: o[1] for key, o in zip(keys, outputs)}, attention
 
     def forward(self, inputs, training=None):
         """Teacher-forced: the weighted mean log-probabilities `[batch, tgt_len, vocab]` and
         the mean attention `[batch, tgt_len, src_len]` (None when no member attends)."""
-        log_probs, attention = [], []
-        for weight, member in zip(self.weights, self.members, strict=True):
-            logits, weights = member.forward(inputs, training=training)
-            log_probs.append(weight * tf.nn.log_softmax(tf.cast(logits, tf.float32)))
-            if weights is not None:
-                attention.append(tf.cast(weights, tf.float32))
-        return tf.add_n(log_probs), _mean(attention)
+        return self._combined([m.forward(inputs, training=training) for m in self.members])
 
-
-def _mean(tensors):
-    return tf.add_n(tensors) / len(tensors) if tensors else None
+    def _combined(self, outputs):
+        """The members' (logits, attention or None) as the weighted mean of their
+        log-probabilities and the mean of the attention there is."""
+        log_probs = tf.add_n([weight * tf.nn.log_softmax(tf.cast(logits, tf.float32))
+                              for weight, (logits, _) in zip(self.weights, outputs)])  # fmt: skip
+        attention = [tf.cast(a, tf.float32) for _, a in outputs if a is not None]
+        return log_probs, (tf.add_n(attention) / len(attention) if attention else None)

@@ -2,9 +2,9 @@
 pays, float32 elsewhere, decided once per run.
 
 Mixed bfloat16 trains faster on CPUs with AMX (Intel's tile units) and on GPUs of compute
-capability 8.0 and above. On a CPU with AVX512-BF16 alone (AMD Zen 4 and later, Intel Cooper
-Lake) it did not pay (bench/RESULTS.md): the conversions cost what the dot products save, so
-`auto` keeps float32 there. A run keeps the precision it began with: the resolved value is what
+capability 8.0 and above. On a 2-core AMD EPYC with AVX512-BF16 but no AMX it did not pay (the
+Transformer recipe at 10,857 and 10,609 target tokens/s against 11,367 in float32, 2026-12-01),
+so `auto` keeps float32 there. A run keeps the precision it began with: the resolved value is what
 the work directory's configuration holds, and a resumed `auto` run reads it from there.
 """
 
