@@ -33,7 +33,7 @@ def peak_rss_mib():
     raise RuntimeError("no VmHWM in /proc/self/status (Linux only)")
 
 
-def run_training(config, steps):
+def run_training(config, steps, overrides=()):
     sys.argv = [
         "pipeline.train", "--config", str(config), "--workdir", tempfile.mkdtemp(),
         "--set", f"train.steps_per_epoch={steps}", "--set", "train.epochs=1",
@@ -41,6 +41,7 @@ def run_training(config, steps):
         "--set", "data.test_source=null", "--set", "data.test_target=null",
         "--set", "train.bleu_every_epochs=0", "--set", "train.early_stopping_patience=null",
         "--set", "export.after_training=false",
+        *[arg for override in overrides for arg in ("--set", override)],
     ]  # fmt: skip
     try:
         runpy.run_module("pipeline.train", run_name="__main__", alter_sys=True)
@@ -103,12 +104,13 @@ def main():
     parser.add_argument("--quick", action="store_true", help="20 steps, 128 sentences")
     parser.add_argument("--child", choices=("train", *RUNTIMES), help=argparse.SUPPRESS)
     parser.add_argument("--sentences-file", help=argparse.SUPPRESS)
+    parser.add_argument("--set", action="append", default=[], help=argparse.SUPPRESS)
     parser.add_argument("--onnx-directory", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sys.path.insert(0, str(PROJECT_ROOT))
 
     if args.child == "train":
-        run_training(args.config, args.steps)
+        run_training(args.config, args.steps, args.set)
     elif args.child:
         run_decoding(args.child, args.workdir.resolve(), args.onnx_directory, args.sentences_file)
     if args.child:

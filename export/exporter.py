@@ -61,11 +61,24 @@ def export_saved_model(graph, output, model_name, version, log=print):
     return target
 
 
-def export_onnx(graph, workdir, output, opset, int8=True, log=print, languages=None):
+def model_description(workdirs, model, model_type):
+    """model.json's `description`: what a runtime may show of the model it loaded."""
+    names = [Path(workdir).resolve().name for workdir in workdirs]
+    return {
+        "name": names[0] if len(names) == 1 else f"ensemble of {', '.join(names)}",
+        "type": model_type,
+        "parameters": sum(member.count_params() for member in getattr(model, "members", [model])),
+    }
+
+
+def export_onnx(graph, workdir, output, opset, int8=True, log=print, languages=None,
+                description=None):  # fmt: skip
     target = Path(output) / "onnx"
     write_directory_atomically(
         target,
-        lambda tmp: write_onnx(graph, tmp, vocabulary_paths(workdir), opset, int8, languages),
+        lambda tmp: write_onnx(
+            graph, tmp, vocabulary_paths(workdir), opset, int8, languages, description
+        ),  # fmt: skip
     )
     also = " and model.int8.onnx" if int8 else ""
     files = f"vocabularies and {METADATA_FILE}"
@@ -139,6 +152,7 @@ def export_model(
                 paths["onnx"] = export_onnx(
                     graph, workdir, output, settings["onnx_opset"], settings["onnx_int8"], log,
                     multilingual.model_languages(config["data"]),
+                    model_description([workdir, *ensemble], model, config["model"]["type"]),
                 )  # fmt: skip
             if "ctranslate2" in formats:
                 paths["ctranslate2"] = export_ctranslate2(

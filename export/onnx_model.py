@@ -81,9 +81,11 @@ def convert_to_onnx(function, opset):
         return convert()[0]
 
 
-def write_onnx(graph, directory, vocabulary_paths, opset, int8=True, languages=None):
+def write_onnx(graph, directory, vocabulary_paths, opset, int8=True, languages=None,
+               description=None):  # fmt: skip
     """Converts `graph.beam_search` (a `TranslationGraph`) into `directory`, with its int8
-    twin if `int8`; `languages`: {"source": code, "target": code}, the sides known."""
+    twin if `int8`; `languages`: {"source": code, "target": code}, the sides known;
+    `description`: {"name", "type", "parameters"} of the model, for runtimes to show."""
     model = convert_to_onnx(graph.beam_search, opset)
     optimise_loops(model.graph)
     _add_input_defaults(model, graph.defaults)
@@ -103,6 +105,7 @@ def write_onnx(graph, directory, vocabulary_paths, opset, int8=True, languages=N
         "int8_model": INT8_MODEL_FILE if int8 else None,
         **files,
         "languages": languages or {},
+        "description": description or {},
         "special_ids": {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID},
         "defaults": graph.defaults,
         "option_dtypes": {option.name: option.dtype for option in EXPORTED_OPTIONS},

@@ -1,12 +1,14 @@
 """Sequence-level knowledge distillation (Kim and Rush, 2016): a student trained on its
 teacher's translations of the training sources.
 
-    python -m pipeline.distill --teacher runs/TEACHER --config configs/student.yaml
-        [--workdir DIR] [--set section.key=value ...] [--wait]
+    python -m pipeline.distill --teacher runs/TEACHER [--teacher runs/OTHER ...]
+        --config configs/student.yaml [--workdir DIR] [--set section.key=value ...] [--wait]
 
 1. The teacher's ONNX export (TEACHER/export/onnx, `python -m export` writes it) translates
    the student configuration's `data.train_source`, batched by length, with its recipe's
-   search (`distill.beam_size`, `distill.int8` to change it). The translations stream to
+   search (`distill.beam_size`, `distill.int8` to change it). Several `--teacher`s (one
+   vocabulary) teach as their ensemble, exported once to DIR/distilled/teacher/ with the
+   first one's search. The translations stream to
    DIR/distilled/ a block at a time; an interrupted run continues after the last block
    written, and the corpus files appear, each whole, only once every line is translated.
 2. The student then trains on them as `pipeline.train` trains (reports, checkpoints, resuming,
@@ -42,8 +44,9 @@ def parse_args(argv):
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--teacher", type=Path, required=True,
-                        help="the teacher's trained and exported work directory")  # fmt: skip
+    parser.add_argument("--teacher", type=Path, required=True, action="append",
+                        help="the teacher's trained and exported work directory; repeated, "
+                             "the members of an ensemble teacher (exported here)")  # fmt: skip
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG,
                         help="the student's experiment YAML")  # fmt: skip
     parser.add_argument("--workdir", type=Path,
@@ -59,20 +62,23 @@ def log(message):
     print(message, flush=True)
 
 
-# Entry-point group of the ONNX runtime's translator class: the export package registers it
-# (pyproject.toml), so that distillation runs the teacher's export without importing `export`.
+# Entry-point groups of the ONNX runtime's translator class and of the exporter: the export
+# package registers them (pyproject.toml), so that distillation runs and writes a teacher's
+# export without importing `export`.
 ONNX_TRANSLATOR = "seq2seq_tf.onnx_translator"
+MODEL_EXPORTER = "seq2seq_tf.model_exporter"
+ENSEMBLE_TEACHER_DIR = "teacher"  # in DISTILLED_DIR: an ensemble teacher's export
 
 
-def onnx_translator():
-    """`export.runtime.OnnxTranslator`, through its entry point."""
+def registered(group):
+    """The object the export package registers under the entry-point `group`."""
     from importlib.metadata import entry_points
 
-    registered = entry_points(group=ONNX_TRANSLATOR)
-    if not registered:
-        raise UserError("pipeline.distill needs the ONNX runtime of the export package: "
+    found = entry_points(group=group)
+    if not found:
+        raise UserError("pipeline.distill needs the export package's ONNX runtime and exporter: "
                         "install the project (pip install -e .)")  # fmt: skip
-    return next(iter(registered)).load()
+    return next(iter(found)).load()
 
 
 def teacher_export(teacher):
@@ -81,6 +87,18 @@ def teacher_export(teacher):
     if not (onnx / "model.json").is_file():
         raise UserError(f"--teacher {teacher}: no ONNX export in {onnx}; run python -m export "
                         f"--workdir {teacher} first")  # fmt: skip
+    return onnx
+
+
+def ensemble_export(teachers, folder):
+    """The ONNX export of the ensemble of `teachers` under `folder`, written on first use (the
+    members' vocabularies are checked there: one that differs is refused)."""
+    onnx = Path(folder) / "onnx"
+    if not (onnx / "model.json").is_file():
+        log(f"Exporting the ensemble of {len(teachers)} teachers to {folder}")
+        first, *others = teachers
+        registered(MODEL_EXPORTER)(first, formats=("onnx",), output=folder, ensemble=others,
+                                   log=log)  # fmt: skip
     return onnx
 
 
@@ -125,13 +143,19 @@ def student_config(config, teacher):
 class Distillation:
     """The teacher's translations of `source` into `folder`, resumable a block at a time."""
 
-    def __init__(self, folder, source, teacher, settings):
+    def __init__(self, folder, source, teachers, settings):
         self.folder, self.source = Path(folder), Path(source)
-        self.teacher, self.settings = Path(teacher), settings
+        self.teachers, self.settings = [Path(teacher) for teacher in teachers], settings
         self.partial, self.progress = self.folder / PARTIAL_FILE, self.folder / PROGRESS_FILE
         self.identity = {"source": str(self.source.resolve()),
-                         "teacher": str(self.teacher.resolve()),
+                         "teacher": [str(teacher.resolve()) for teacher in self.teachers],
                          "int8": settings["int8"], "beam_size": settings["beam_size"]}  # fmt: skip
+
+    def export(self):
+        """The ONNX export that translates: the teacher's, or its members' ensemble's."""
+        if len(self.teachers) == 1:
+            return teacher_export(self.teachers[0])
+        return ensemble_export(self.teachers, self.folder / ENSEMBLE_TEACHER_DIR)
 
     def done(self):
         path = self.folder / DONE_FILE
@@ -155,12 +179,13 @@ class Distillation:
 
         from pipeline.data.corpus import iter_lines
 
-        translator = onnx_translator()(teacher_export(self.teacher), int8=self.settings["int8"],
-                                       batch_size=self.settings["batch_size"])  # fmt: skip
+        self.folder.mkdir(parents=True, exist_ok=True)
+        settings = self.settings
+        translator = registered(ONNX_TRANSLATOR)(self.export(), int8=settings["int8"],
+                                                 batch_size=settings["batch_size"])  # fmt: skip
         options = {"beam_size": self.settings["beam_size"]} if self.settings["beam_size"] else {}
         total = sum(1 for _ in iter_lines(self.source))
         lines, size = self.completed()
-        self.folder.mkdir(parents=True, exist_ok=True)
         if lines:
             log(f"Distillation: {lines:,} of {total:,} lines translated before; continuing")
         with writing(self.partial), open(self.partial, "ab") as partial:
@@ -211,8 +236,9 @@ def main(argv=None):
     from pipeline.train import train_in
 
     config = load_config(args.config, args.set)
-    teacher_export(args.teacher)
-    config = student_config(config, args.teacher)
+    if len(args.teacher) == 1:  # an ensemble's members need no export of their own
+        teacher_export(args.teacher[0])
+    config = student_config(config, args.teacher[0])
     workdir = args.workdir or Path("runs") / args.config.stem
     settings, data = config["distill"], config["data"]
     distillation = Distillation(workdir / DISTILLED_DIR, data["train_source"], args.teacher,

@@ -67,14 +67,14 @@ def test_a_stopped_distillation_continues_and_leaves_no_corpus_before_the_end(
     exported_workdir, tmp_path, monkeypatch, capsys
 ):
     monkeypatch.setattr(distill, "BLOCK_LINES", 300)
-    translator_class = distill.onnx_translator()
-    monkeypatch.setattr(distill, "onnx_translator", lambda: StopAfter(translator_class, 2))
+    translator_class = distill.registered(distill.ONNX_TRANSLATOR)
+    monkeypatch.setattr(distill, "registered", lambda group: StopAfter(translator_class, 2))
     with pytest.raises(KeyboardInterrupt):
         run(exported_workdir, tmp_path / "stopped")
     folder = tmp_path / "stopped" / distill.DISTILLED_DIR
     assert not any((folder / name).exists() for name in (*distill.CORPUS_FILES, "done.json"))
     assert json.loads((folder / distill.PROGRESS_FILE).read_text())["lines"] == 600
-    monkeypatch.setattr(distill, "onnx_translator", lambda: translator_class)
+    monkeypatch.setattr(distill, "registered", lambda group: translator_class)
     run(exported_workdir, tmp_path / "stopped", "--set", "train.epochs=1")
     assert "600 of 1,014 lines translated before; continuing" in capsys.readouterr().out
     run(exported_workdir, tmp_path / "whole", "--set", "train.epochs=1")
@@ -82,6 +82,28 @@ def test_a_stopped_distillation_continues_and_leaves_no_corpus_before_the_end(
         assert read_lines(folder / name) == read_lines(
             tmp_path / "whole" / distill.DISTILLED_DIR / name
         )
+
+
+def test_an_ensemble_of_a_teacher_with_itself_teaches_what_the_teacher_does(
+    exported_workdir, tmp_path, monkeypatch
+):
+    """Several --teacher: their ensemble is exported once into the distillation's folder and
+    translates; two copies of one model average to that model's own translations."""
+    from pipeline.config import load_config
+
+    monkeypatch.setattr(distill, "BLOCK_LINES", 500)
+    settings = load_config(SMOKE)["distill"]
+    source = SMOKE.parent.parent / "data" / "multi30k" / "val.de.gz"
+    translations = {}
+    for name, teachers in (("alone", [exported_workdir]), ("pair", [exported_workdir] * 2)):
+        distillation = distill.Distillation(tmp_path / name, source, teachers, settings)
+        distillation.translate()
+        translations[name] = [line.split("\t")[1] for line in
+                              read_lines(distillation.folder / distill.PARTIAL_FILE)]  # fmt: skip
+    model = json.loads((tmp_path / "pair" / distill.ENSEMBLE_TEACHER_DIR / "onnx" /
+                        "model.json").read_text())  # fmt: skip
+    assert model["languages"] == {"source": "de", "target": "en"}
+    assert translations["pair"] == translations["alone"] and len(translations["alone"]) == 1014
 
 
 def test_a_teacher_without_an_export_or_another_vocabulary_is_refused(exported_workdir, tmp_path):

@@ -92,6 +92,15 @@ def test_the_saved_models_default_search_translates_as_the_ensemble(members, ens
     assert [t.decode() for t in texts["translations"].numpy()] == expected
 
 
+def test_the_ensembles_model_json_names_its_members_and_counts_their_parameters(
+    members, ensemble_export
+):
+    description = json.loads((ensemble_export / "onnx" / "model.json").read_text())["description"]
+    assert description["name"] == f"ensemble of {members[0].name}, {members[1].name}"
+    counts = [load_trained(member)[1].count_params() for member in members]
+    assert description["parameters"] == sum(counts)
+
+
 def test_the_commands_take_several_work_directories(members, tmp_path, capsys):
     source = tmp_path / "source.txt"
     source.write_text("".join(s + "\n" for s in SENTENCES[:4]), encoding="utf-8")

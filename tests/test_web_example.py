@@ -97,6 +97,28 @@ def test_the_page_translates_like_the_python_runtime(tools, exported_workdir, tm
         assert page["cells"] == len(source_ids) * len(target_ids)
     assert shown[-1]["languages"] == "German → English"  # smoke.yaml trains on val.de/val.en
     assert screenshot.read_bytes().startswith(b"\x89PNG")
+    size = (onnx_dir / "model.onnx").stat().st_size / 1e6
+    name, kind, parameters = translator.metadata["description"].values()
+    assert shown[-1]["status"].startswith(
+        f"{name} ({kind}, {parameters / 1e6:.1f}M parameters) · model.onnx, {size:.1f} MB "
+        "(opset 17), loaded in "
+    )
+    assert name == exported_workdir.name
+
+
+def test_the_page_runs_the_int8_model_when_asked(tools, exported_workdir):
+    node, chromium = tools
+    onnx_dir = exported_workdir / "export" / "onnx"
+    sentences = real_sentences(3)
+    with serving(node, onnx_dir) as address:
+        result = drive(node, chromium, address + "?weights=int8", sentences)
+    assert result.returncode == 0, result.stderr
+    shown = json.loads(result.stdout)
+    expected = OnnxTranslator(onnx_dir, int8=True).translate(sentences)
+    assert [page["translation"] for page in shown] == expected
+    assert all(page["milliseconds"] > 0 for page in shown)  # what benchmarks read
+    size = (onnx_dir / "model.int8.onnx").stat().st_size / 1e6
+    assert f"· model.int8.onnx, {size:.1f} MB (opset 17)" in shown[-1]["status"]
 
 
 def test_the_page_says_when_it_cannot_load_the_model(tools, exported_workdir, tmp_path):

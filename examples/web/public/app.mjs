@@ -3,6 +3,8 @@
 import { Translator, pieceLabel } from "./translator.mjs";
 
 const MODEL_DIRECTORY = new URL("model/", document.baseURI);
+// ?weights=int8 runs the export's int8 model (smaller, faster on most CPUs).
+const INT8 = new URLSearchParams(location.search).get("weights") === "int8";
 const element = (id) => document.getElementById(id);
 const app = element("app");
 let translator;
@@ -133,8 +135,10 @@ async function translate(text) {
   try {
     const start = performance.now();
     shown = await translator.translate(text, readOptions());
+    const milliseconds = performance.now() - start;
     element("translation").textContent = shown.hypotheses[0]?.text ?? "";
-    element("details").textContent = describe(shown, performance.now() - start);
+    element("details").textContent = describe(shown, milliseconds);
+    element("result").dataset.milliseconds = milliseconds; // for drivers that time the page
     showNBest();
     showAttention(0);
     element("result").dataset.source = text;
@@ -149,15 +153,15 @@ async function translate(text) {
 async function start() {
   const startTime = performance.now();
   try {
-    translator = await Translator.load(MODEL_DIRECTORY);
+    translator = await Translator.load(MODEL_DIRECTORY, { int8: INT8 });
   } catch (error) {
     setStatus(`Cannot load the model from ${MODEL_DIRECTORY.pathname}: ${error.message}`, "error");
     return;
   }
   const { metadata, threads } = translator;
   const seconds = ((performance.now() - startTime) / 1000).toFixed(1);
-  modelDescription = `${metadata.model} (opset ${metadata.opset}) loaded in ${seconds} s · ` +
-    `WebAssembly, ${threads} thread${threads === 1 ? "" : "s"}`;
+  modelDescription = `${translator.description} (opset ${metadata.opset}), loaded in ` +
+    `${seconds} s · WebAssembly, ${threads} thread${threads === 1 ? "" : "s"}`;
   if (translator.languages.length > 0) showLanguageMenu(translator.languages);
   else showLanguages(metadata.languages ?? {});
   element("beam-size").value = metadata.defaults.beam_size;

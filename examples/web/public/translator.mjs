@@ -50,8 +50,9 @@ export function pieceLabel(piece) {
 }
 
 export class Translator {
-  // `base`: the URL of an export's onnx/ directory, ending in "/".
-  static async load(base) {
+  // `base`: the URL of an export's onnx/ directory, ending in "/"; `int8`: load its int8 model
+  // (model.json's int8_model) rather than the float32 one.
+  static async load(base, { int8 = false } = {}) {
     const url = (name) => new URL(name, base).href;
     const metadata = await loadFile(url("model.json"), "export's description", async (file) =>
       JSON.parse(await fetchText(file)),
@@ -61,16 +62,23 @@ export class Translator {
       throw new Error(`${new URL(url("model.json")).pathname}: no "${missing[0]}": export the ` +
         "model again (python -m export)");
     }
+    if (int8 && !metadata.int8_model) {
+      throw new Error("this export has no int8 model: export it with export.onnx_int8: true");
+    }
+    const modelFile = int8 ? metadata.int8_model : metadata.model;
     const optionNames = Object.keys(metadata.defaults);
+    let modelBytes;
     // All settled, so that a missing file is reported in this order whatever loads first.
     const loaded = await Promise.allSettled([
-      loadFile(url(metadata.model), "ONNX model", async (file) =>
+      loadFile(url(modelFile), "ONNX model", async (file) => {
+        const bytes = await fetchBytes(file);
+        modelBytes = bytes.byteLength;
         // logSeverityLevel 3: target_prefix is an input with a default by design, not a problem.
-        ort.InferenceSession.create(dropInitializers(await fetchBytes(file), optionNames), {
+        return ort.InferenceSession.create(dropInitializers(bytes, optionNames), {
           executionProviders: ["wasm"],
           logSeverityLevel: 3,
-        }),
-      ),
+        });
+      }),
       loadFile(url(metadata.source_vocabulary), "vocabulary", loadProcessor),
       loadFile(url(metadata.target_vocabulary), "vocabulary", loadProcessor),
       loadFile(url(metadata.source_vocabulary), "vocabulary", loadPieces),
@@ -78,11 +86,22 @@ export class Translator {
     ]);
     const failed = loaded.find(({ status }) => status === "rejected");
     if (failed) throw failed.reason;
-    return new Translator(metadata, ...loaded.map(({ value }) => value));
+    const translator = new Translator(metadata, ...loaded.map(({ value }) => value));
+    return Object.assign(translator, { modelFile, modelBytes });
   }
 
   constructor(metadata, session, source, target, sourcePieces, targetPieces) {
     Object.assign(this, { metadata, session, source, target, sourcePieces, targetPieces });
+  }
+
+  // What the page says of the model it runs: its name, kind and parameters (model.json's
+  // description, from the export) and the file loaded, with its size.
+  get description() {
+    const { name, type, parameters } = this.metadata.description ?? {};
+    const megabytes = (this.modelBytes / 1e6).toFixed(1);
+    const what = name ? `${name} (${[type, parameters && `${(parameters / 1e6).toFixed(1)}M ` +
+      "parameters"].filter(Boolean).join(", ")}) · ` : "";
+    return `${what}${this.modelFile}, ${megabytes} MB`;
   }
 
   // The languages a multilingual model translates into ([] for a bilingual one), each with

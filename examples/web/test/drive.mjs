@@ -64,6 +64,8 @@ function readResult() {
     rowLabels: [...heatmap.querySelectorAll(".row-label")].map((n) => n.textContent),
     cells: heatmap.querySelectorAll(".cell").length,
     languages: text("languages"),
+    status: text("status"),
+    milliseconds: Number(document.getElementById("result").dataset.milliseconds),
     targetLabel: text("target-label"),
   };
 }

@@ -1,0 +1,325 @@
+"""Students distilled from the best German->English system, against their teacher, the default
+recipe's model and the same student trained on the references.
+
+    python bench/students.py [--root runs/students] [--student configs/STUDENT.yaml]
+        [--parts teachers distill references scores speed browser report] [--quick]
+
+Every system is trained by the project's own commands under ROOT, so that an interrupted part
+resumes (training from its checkpoints, the distillation from its last block, a scored system
+is not scored again); every figure lands in ROOT/results.json:
+
+- `teachers`: the default recipe (`configs/default.yaml`) with seeds 1234, 7 and 99, the last
+  two in the first one's vocabularies; `teacher_1234` is the default recipe's model (exported).
+- `distill`: `python -m pipeline.distill` with the three as an ensemble teacher and the
+  student recipe (`--student`), timed: the teacher's translation of the training sources and
+  the student's training.
+- `references`: the student recipe trained on the references alone (`pipeline.train`, the
+  same schedule, the teachers' vocabularies).
+- `scores`: test_2016_flickr and test_2017_flickr BLEU (cased, lowercased) and chrF of each
+  system with its recipe's search (`pipeline.evaluate`; the ensemble with `--workdir` thrice),
+  parameters and the ONNX and int8 ONNX file sizes.
+- `speed`: sentences/s in ONNX Runtime of the default model, the ensemble and the students,
+  float32 and int8, at batch 1 and 64, greedy and beam 5, the systems taking turns within
+  each round (`--rounds`); each system's own search is its recipe's (model.json's default).
+- `browser`: sentences/s in headless Chromium through the page of `examples/web/` (its own
+  code, timed by the page), int8 and float32, the systems taking turns.
+- `report`: the tables.
+
+`--quick` runs the smoke recipe for every system: a check of the script, not a measurement.
+"""
+
+import argparse
+import json
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(PROJECT_ROOT))
+
+from pipeline.core.atomic_files import write_text_atomically  # noqa: E402
+
+CONFIGS = PROJECT_ROOT / "configs"
+TEACHER_RECIPE, STUDENT_RECIPE = CONFIGS / "default.yaml", CONFIGS / "multi30k_de_en_student.yaml"
+QUICK_RECIPE = CONFIGS / "smoke.yaml"
+SEEDS = (1234, 7, 99)  # the teacher ensemble's members; the first is the default recipe's
+SECOND_TEST = "test_2017_flickr"
+PARTS = ("teachers", "distill", "references", "scores", "speed", "browser", "report")
+WEB_EXAMPLE = PROJECT_ROOT / "examples" / "web"
+
+
+def run(command, **kwargs):
+    print("$", " ".join(map(str, command)), flush=True)
+    return subprocess.run([sys.executable, *map(str, command)], cwd=PROJECT_ROOT, check=True,
+                          **kwargs)  # fmt: skip
+
+
+def overrides(settings):
+    return [a for setting in settings for a in ("--set", setting)]
+
+
+class Bench:
+    def __init__(self, args):
+        self.args, self.root = args, args.root.resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.results_path = self.root / "results.json"
+        self.results = (json.loads(self.results_path.read_text())
+                        if self.results_path.exists() else {})  # fmt: skip
+        self.members = [self.root / f"teacher_{seed}" for seed in SEEDS]
+        self.quick = ["train.epochs=1"] if args.quick else []
+
+    def save(self):
+        write_text_atomically(self.results_path, json.dumps(self.results, indent=1) + "\n")
+
+    def in_teacher_vocabulary(self):
+        vocab = self.members[0] / "vocab"
+        return [f"data.source_vocabulary={vocab / 'source.model'}",
+                f"data.target_vocabulary={vocab / 'target.model'}"]  # fmt: skip
+
+    def teachers(self):
+        for seed, workdir in zip(SEEDS, self.members):
+            if (workdir / "test_report.json").exists():
+                continue
+            shared = self.in_teacher_vocabulary() if workdir != self.members[0] else []
+            run(["-m", "pipeline.train", "--config", self.args.teacher_recipe, "--workdir",
+                 workdir, *overrides([f"train.seed={seed}", *shared, *self.quick])])  # fmt: skip
+        if not (self.members[0] / "export" / "onnx" / "model.json").exists():
+            run(["-m", "export", "--workdir", self.members[0], "--formats", "onnx"])
+
+    def distill(self):
+        workdir = self.root / "student"
+        if (workdir / "test_report.json").exists():
+            return
+        started = time.perf_counter()
+        teachers = [a for teacher in self.members for a in ("--teacher", teacher)]
+        result = run(["-m", "pipeline.distill", *teachers, "--config", self.args.student,
+                      "--workdir", workdir,
+                      *overrides(self.quick)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+        print(result.stdout)
+        training = json.loads((workdir / "test_report.json").read_text())["training_seconds"]
+        self.results["distillation"] = {
+            "seconds": time.perf_counter() - started,
+            "student_training_seconds": training,
+            "resumed": "translated before; continuing" in result.stdout,
+        }
+        self.save()
+
+    def references(self):
+        workdir = self.root / "student_references"
+        if not (workdir / "test_report.json").exists():
+            run(["-m", "pipeline.train", "--config", self.args.student, "--workdir", workdir,
+                 *overrides([*self.in_teacher_vocabulary(), *self.quick])])  # fmt: skip
+
+    def systems(self):
+        """name -> the work directories of a system (several: an ensemble)."""
+        return {"default": [self.members[0]], "teacher_ensemble": self.members,
+                "student": [self.root / "student"],
+                "student_references": [self.root / "student_references"]}  # fmt: skip
+
+    def exports(self):
+        """name -> its ONNX export folder (the ensemble's written under ROOT once)."""
+        found = {name: workdirs[0] / "export" / "onnx" for name, workdirs in self.systems().items()}
+        ensemble = self.root / "teacher_ensemble" / "onnx"
+        if not (ensemble / "model.json").exists():
+            run(["-m", "export", "--ensemble", *self.members, "--formats", "onnx",
+                 "--output", ensemble.parent])  # fmt: skip
+        found["teacher_ensemble"] = ensemble
+        return found
+
+    def scores(self):
+        done = self.results.setdefault("scores", {})
+        test = self.args.test_source
+        second = {side: str(test[side]).replace("test_2016_flickr", SECOND_TEST) for side in test}
+        tsv = self.root / f"{SECOND_TEST}.tsv"
+        if Path(second["source"]).exists() and not tsv.exists():
+            from pipeline.data.corpus import read_lines
+
+            pairs = zip(read_lines(second["source"]), read_lines(second["target"]), strict=True)
+            write_text_atomically(tsv, "".join(f"{s}\t{t}\n" for s, t in pairs))
+        exports = self.exports()
+        for name, workdirs in self.systems().items():
+            entry = done.setdefault(name, {})
+            for split in ("test", SECOND_TEST):
+                if split in entry or (split == SECOND_TEST and not tsv.exists()):
+                    continue
+                flags = [a for w in workdirs for a in ("--workdir", w)]
+                run(["-m", "pipeline.evaluate", *flags, "--split",
+                     "test" if split == "test" else tsv])  # fmt: skip
+                report = sorted(workdirs[0].glob(f"eval_{'test' if split == 'test' else tsv.name}"
+                                                 f"{'.ensemble-of-*' if len(workdirs) > 1 else ''}"
+                                                 ".json"))[0]  # fmt: skip
+                figures = json.loads(report.read_text())
+                entry[split] = {k: figures[k] for k in ("bleu", "bleu_lowercase", "chrf")}
+                self.save()
+            model = json.loads((exports[name] / "model.json").read_text())
+            entry["parameters"] = model.get("description", {}).get("parameters")
+            entry["megabytes"] = {
+                kind: (exports[name] / model[key]).stat().st_size / 1e6
+                for kind, key in (("float32", "model"), ("int8", "int8_model"))
+            }
+            entry["search"] = model["defaults"]["beam_size"]
+            self.save()
+
+    def speed(self):
+        from export.runtime import OnnxTranslator
+        from pipeline.data.corpus import read_lines
+
+        sentences = read_lines(self.args.test_source["source"])[: self.args.sentences]
+        exports = self.exports()
+        cells = [(name, int8, batch, beam) for name in exports for int8 in (False, True)
+                 for batch in (1, 64) for beam in (1, 5)]  # fmt: skip
+        translators = {(name, int8): OnnxTranslator(exports[name], int8=int8, batch_size=64)
+                       for name in exports for int8 in (False, True)}  # fmt: skip
+        rates = {cell: [] for cell in cells}
+        for _ in range(self.args.rounds):
+            for batch in (1, 64):
+                for beam in (1, 5):
+                    for name, int8 in translators:  # the systems take turns
+                        translator = translators[(name, int8)]
+                        started = time.perf_counter()
+                        if batch == 1:
+                            for sentence in sentences[: self.args.sentences // 4]:
+                                translator.translate([sentence], beam_size=beam)
+                            count = len(sentences[: self.args.sentences // 4])
+                        else:
+                            translator.translate(sentences, beam_size=beam)
+                            count = len(sentences)
+                        rates[(name, int8, batch, beam)].append(
+                            count / (time.perf_counter() - started)
+                        )
+        self.results["speed"] = [
+            {"system": name, "int8": int8, "batch": batch, "beam": beam,
+             "sentences_per_s": r, "median": statistics.median(r)}
+            for (name, int8, batch, beam), r in rates.items()
+        ]  # fmt: skip
+        self.save()
+
+    def browser(self):
+        from pipeline.data.corpus import read_lines
+
+        node, chromium = shutil.which("node"), shutil.which("chromium")
+        if not (node and chromium and (WEB_EXAMPLE / "node_modules").exists()):
+            print("browser: needs node, chromium and examples/web's packages (npm ci); skipped")
+            return
+        sentences = read_lines(self.args.test_source["source"])[: self.args.browser_sentences]
+        exports = self.exports()
+        names = [n for n in ("default", "teacher_ensemble", "student") if n in exports]
+        rates = {(name, int8): [] for name in names for int8 in (False, True)}
+        for _ in range(self.args.rounds):
+            for name, int8 in rates:
+                shown = self.drive_page(node, chromium, exports[name], sentences, int8)
+                milliseconds = [page["milliseconds"] for page in shown[1:]]  # the first warms
+                rates[(name, int8)].append(1000 * len(milliseconds) / sum(milliseconds))
+                if name == names[0] or not self.results.get("browser_status"):
+                    self.results.setdefault("browser_status", {})[f"{name}, int8={int8}"] = shown[
+                        -1
+                    ]["status"]
+        self.results["browser"] = [
+            {"system": name, "int8": int8, "sentences_per_s": r, "median": statistics.median(r)}
+            for (name, int8), r in rates.items()
+        ]  # fmt: skip
+        self.save()
+
+    def drive_page(self, node, chromium, export, sentences, int8):
+        server = subprocess.Popen([node, "serve.mjs", str(export), "--port", "0"],
+                                  cwd=WEB_EXAMPLE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            address = re.search(r"http://\S+/", server.stdout.readline())[0]
+            page = address + ("?weights=int8" if int8 else "")
+            result = subprocess.run([node, "test/drive.mjs", page, "--browser", chromium,
+                                     *sentences], cwd=WEB_EXAMPLE, capture_output=True,
+                                    text=True, check=True)  # fmt: skip
+            return json.loads(result.stdout)
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
+
+    def report(self):
+        print(
+            f"# {platform.node()}: {self.args.student.name}, teacher recipe "
+            f"{self.args.teacher_recipe.name}"
+        )
+        scores = self.results.get("scores", {})
+        print("\n| system | search | test_2016 BLEU (lc) / chrF | test_2017 BLEU (lc) / chrF |"
+              " parameters | ONNX MB | int8 MB |")  # fmt: skip
+        print("|---|---:|---|---|---:|---:|---:|")
+        for name, entry in scores.items():
+            cells = [_cell(entry.get(split)) for split in ("test", SECOND_TEST)]
+            size = entry.get("megabytes", {})
+            print(
+                f"| {name} | beam {entry.get('search')} | {' | '.join(cells)} | "
+                f"{entry.get('parameters') or 0:,} | {size.get('float32', 0):.1f} | "
+                f"{size.get('int8', 0):.1f} |"
+            )
+        if "distillation" in self.results:
+            d = self.results["distillation"]
+            print(
+                f"\nDistillation: {d['seconds'] / 60:.1f} min in all, of which the student's "
+                f"training {d['student_training_seconds'] / 60:.1f} min"
+                + (" (resumed: the total is a lower bound)" if d["resumed"] else "")
+            )
+        if "speed" in self.results:
+            print("\n### ONNX Runtime, sentences/s (median of the rounds)\n")
+            print("| system | weights | batch | beam 1 | beam 5 |")
+            print("|---|---|---:|---:|---:|")
+            rows = {}
+            for row in self.results["speed"]:
+                key = (row["system"], "int8" if row["int8"] else "float32", row["batch"])
+                rows.setdefault(key, {})[row["beam"]] = row["median"]
+            for (name, weights, batch), beams in rows.items():
+                print(
+                    f"| {name} | {weights} | {batch} | {beams.get(1, 0):.1f} | "
+                    f"{beams.get(5, 0):.1f} |"
+                )
+        if "browser" in self.results:
+            print("\n### Chromium, the page's own code, one sentence at a time, sentences/s\n")
+            for row in self.results["browser"]:
+                each = ", ".join(f"{r:.1f}" for r in row["sentences_per_s"])
+                weights = "int8" if row["int8"] else "float32"
+                print(f"- {row['system']} ({weights}): {each} (median {row['median']:.1f})")
+            for name, status in self.results.get("browser_status", {}).items():
+                print(f"- the page's status line, {name}: {status}")
+
+
+def _cell(scores):
+    if not scores:
+        return "-"
+    return f"{scores['bleu']} ({scores['bleu_lowercase']}) / {scores['chrf']}"
+
+
+def main():
+    from pipeline.config import load_config
+
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--root", type=Path, default=PROJECT_ROOT / "runs" / "students")
+    parser.add_argument("--student", type=Path, default=STUDENT_RECIPE)
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
+    parser.add_argument("--rounds", type=int, default=3, help="speed, browser: rounds")
+    parser.add_argument(
+        "--sentences",
+        type=int,
+        default=256,
+        help="speed: test sentences at batch 64 (a quarter of them at batch 1)",
+    )
+    parser.add_argument("--browser-sentences", type=int, default=50)
+    parser.add_argument("--quick", action="store_true", help="the smoke recipe: a check")
+    args = parser.parse_args()
+    args.teacher_recipe = QUICK_RECIPE if args.quick else TEACHER_RECIPE
+    if args.quick:
+        args.student = QUICK_RECIPE
+    data = load_config(args.teacher_recipe)["data"]
+    args.test_source = {"source": data["test_source"], "target": data["test_target"]}
+    bench = Bench(args)
+    for part in args.parts:
+        getattr(bench, part)()
+
+
+if __name__ == "__main__":
+    main()
