@@ -9,7 +9,7 @@ resumes (training from its checkpoints, the distillation from its last block, a 
 is not scored again); every figure lands in ROOT/results.json:
 
 - `teachers`: the default recipe (`configs/default.yaml`) with seeds 1234, 7 and 99, the last
-  two in the first one's vocabularies; `teacher_1234` is the default recipe's model (exported).
+  two in the first one's vocabularies; `teacher_1234` is the default recipe's model.
 - `distill`: `python -m pipeline.distill` with the three as an ensemble teacher and the
   student recipe (`--student`), timed: the teacher's translation of the training sources and
   the student's training.
@@ -18,7 +18,7 @@ is not scored again); every figure lands in ROOT/results.json:
 - `scores`: test_2016_flickr and test_2017_flickr BLEU (cased, lowercased) and chrF of each
   system with its recipe's search (`pipeline.evaluate`; the ensemble with `--workdir` thrice),
   parameters and the ONNX and int8 ONNX file sizes.
-- `speed`: sentences/s in ONNX Runtime of the default model, the ensemble and the students,
+- `speed`: sentences/s in ONNX Runtime of the default model, the ensemble and the student,
   float32 and int8, at batch 1 and 64, greedy and beam 5, the systems taking turns within
   each round (`--rounds`); each system's own search is its recipe's (model.json's default).
 - `browser`: sentences/s in headless Chromium through the page of `examples/web/` (its own
@@ -51,6 +51,8 @@ SEEDS = (1234, 7, 99)  # the teacher ensemble's members; the first is the defaul
 SECOND_TEST = "test_2017_flickr"
 PARTS = ("teachers", "distill", "references", "scores", "speed", "browser", "report")
 WEB_EXAMPLE = PROJECT_ROOT / "examples" / "web"
+# The systems timed (the student trained on the references runs as fast as the student).
+TIMED = ("default", "teacher_ensemble", "student")
 
 
 def run(command, **kwargs):
@@ -88,8 +90,6 @@ class Bench:
             shared = self.in_teacher_vocabulary() if workdir != self.members[0] else []
             run(["-m", "pipeline.train", "--config", self.args.teacher_recipe, "--workdir",
                  workdir, *overrides([f"train.seed={seed}", *shared, *self.quick])])  # fmt: skip
-        if not (self.members[0] / "export" / "onnx" / "model.json").exists():
-            run(["-m", "export", "--workdir", self.members[0], "--formats", "onnx"])
 
     def distill(self):
         workdir = self.root / "student"
@@ -124,6 +124,9 @@ class Bench:
     def exports(self):
         """name -> its ONNX export folder (the ensemble's written under ROOT once)."""
         found = {name: workdirs[0] / "export" / "onnx" for name, workdirs in self.systems().items()}
+        for name, workdirs in self.systems().items():
+            if len(workdirs) == 1 and not (found[name] / "model.json").exists():
+                run(["-m", "export", "--workdir", workdirs[0], "--formats", "onnx"])
         ensemble = self.root / "teacher_ensemble" / "onnx"
         if not (ensemble / "model.json").exists():
             run(["-m", "export", "--ensemble", *self.members, "--formats", "onnx",
@@ -170,7 +173,7 @@ class Bench:
         from pipeline.data.corpus import read_lines
 
         sentences = read_lines(self.args.test_source["source"])[: self.args.sentences]
-        exports = self.exports()
+        exports = {name: path for name, path in self.exports().items() if name in TIMED}
         cells = [(name, int8, batch, beam) for name in exports for int8 in (False, True)
                  for batch in (1, 64) for beam in (1, 5)]  # fmt: skip
         translators = {(name, int8): OnnxTranslator(exports[name], int8=int8, batch_size=64)
@@ -208,17 +211,14 @@ class Bench:
             return
         sentences = read_lines(self.args.test_source["source"])[: self.args.browser_sentences]
         exports = self.exports()
-        names = [n for n in ("default", "teacher_ensemble", "student") if n in exports]
-        rates = {(name, int8): [] for name in names for int8 in (False, True)}
+        rates = {(name, int8): [] for name in TIMED for int8 in (False, True)}
         for _ in range(self.args.rounds):
             for name, int8 in rates:
                 shown = self.drive_page(node, chromium, exports[name], sentences, int8)
                 milliseconds = [page["milliseconds"] for page in shown[1:]]  # the first warms
                 rates[(name, int8)].append(1000 * len(milliseconds) / sum(milliseconds))
-                if name == names[0] or not self.results.get("browser_status"):
-                    self.results.setdefault("browser_status", {})[f"{name}, int8={int8}"] = shown[
-                        -1
-                    ]["status"]
+                statuses = self.results.setdefault("browser_status", {})
+                statuses[f"{name}, {'int8' if int8 else 'float32'}"] = shown[-1]["status"]
         self.results["browser"] = [
             {"system": name, "int8": int8, "sentences_per_s": r, "median": statistics.median(r)}
             for (name, int8), r in rates.items()
