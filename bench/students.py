@@ -212,15 +212,18 @@ class Bench:
         sentences = read_lines(self.args.test_source["source"])[: self.args.browser_sentences]
         exports = self.exports()
         rates = {(name, int8): [] for name in TIMED for int8 in (False, True)}
+        each = {system: [] for system in rates}  # every sentence's milliseconds
         for _ in range(self.args.rounds):
             for name, int8 in rates:
                 shown = self.drive_page(node, chromium, exports[name], sentences, int8)
                 milliseconds = [page["milliseconds"] for page in shown[1:]]  # the first warms
                 rates[(name, int8)].append(1000 * len(milliseconds) / sum(milliseconds))
+                each[(name, int8)] += milliseconds
                 statuses = self.results.setdefault("browser_status", {})
                 statuses[f"{name}, {'int8' if int8 else 'float32'}"] = shown[-1]["status"]
         self.results["browser"] = [
-            {"system": name, "int8": int8, "sentences_per_s": r, "median": statistics.median(r)}
+            {"system": name, "int8": int8, "sentences_per_s": r, "median": statistics.median(r),
+             "median_ms": statistics.median(each[(name, int8)])}
             for (name, int8), r in rates.items()
         ]  # fmt: skip
         self.save()
@@ -281,7 +284,10 @@ class Bench:
             for row in self.results["browser"]:
                 each = ", ".join(f"{r:.1f}" for r in row["sentences_per_s"])
                 weights = "int8" if row["int8"] else "float32"
-                print(f"- {row['system']} ({weights}): {each} (median {row['median']:.1f})")
+                print(
+                    f"- {row['system']} ({weights}): {each} (median {row['median']:.1f}; "
+                    f"median sentence {row.get('median_ms', 0):.1f} ms)"
+                )
             for name, status in self.results.get("browser_status", {}).items():
                 print(f"- the page's status line, {name}: {status}")
 
