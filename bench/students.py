@@ -2,7 +2,7 @@
 recipe's model and the same student trained on the references.
 
     python bench/students.py [--root runs/students] [--student configs/STUDENT.yaml]
-        [--parts teachers distill references scores speed browser report] [--quick]
+        [--parts teachers distill references scores speed browser profile report] [--quick]
 
 Every system is trained by the project's own commands under ROOT, so that an interrupted part
 resumes (training from its checkpoints, the distillation from its last block, a scored system
@@ -23,6 +23,8 @@ is not scored again); every figure lands in ROOT/results.json:
   each round (`--rounds`); each system's own search is its recipe's (model.json's default).
 - `browser`: sentences/s in headless Chromium through the page of `examples/web/` (its own
   code, timed by the page), int8 and float32, the systems taking turns.
+- `profile`: ONNX Runtime's profile of batch-1 greedy translations (int8) of the default
+  model and the student: nodes run and kernel time a sentence, by operator type.
 - `report`: the tables.
 
 `--quick` runs the smoke recipe for every system: a check of the script, not a measurement.
@@ -49,7 +51,7 @@ TEACHER_RECIPE, STUDENT_RECIPE = CONFIGS / "default.yaml", CONFIGS / "multi30k_d
 QUICK_RECIPE = CONFIGS / "smoke.yaml"
 SEEDS = (1234, 7, 99)  # the teacher ensemble's members; the first is the default recipe's
 SECOND_TEST = "test_2017_flickr"
-PARTS = ("teachers", "distill", "references", "scores", "speed", "browser", "report")
+PARTS = ("teachers", "distill", "references", "scores", "speed", "browser", "profile", "report")
 WEB_EXAMPLE = PROJECT_ROOT / "examples" / "web"
 # The systems timed (the student trained on the references runs as fast as the student).
 TIMED = ("default", "teacher_ensemble", "student")
@@ -228,6 +230,43 @@ class Bench:
         ]  # fmt: skip
         self.save()
 
+    def profile(self):
+        """Where a sentence's time goes at batch 1 (greedy, int8) in ONNX Runtime: kernel time
+        by operator type, and the nodes run a sentence, for the default model and the student."""
+        import collections
+
+        import onnxruntime
+
+        from export.runtime import OnnxTranslator, session_options
+        from pipeline.data.corpus import read_lines
+
+        sentences = read_lines(self.args.test_source["source"])[: self.args.sentences // 4]
+        exports = self.exports()
+        found = self.results["profile"] = {}
+        for name in ("default", "student"):
+            translator = OnnxTranslator(exports[name], int8=True)
+            options = session_options()
+            options.enable_profiling = True
+            options.profile_file_prefix = str(self.root / f"profile_{name}")
+            path = exports[name] / translator.metadata["int8_model"]
+            translator.session = onnxruntime.InferenceSession(str(path), options)
+            for sentence in sentences:
+                translator.translate([sentence], beam_size=1)
+            events = json.loads(Path(translator.session.end_profiling()).read_text())
+            kernels = [e for e in events if e.get("cat") == "Node"
+                       and e["name"].endswith("_kernel_time")
+                       and e["args"]["op_name"] != "Loop"]  # fmt: skip
+            by_type = collections.Counter()
+            for event in kernels:
+                by_type[event["args"]["op_name"]] += event["dur"]
+            runs = sum(e["dur"] for e in events if e["name"] == "model_run")
+            found[name] = {"nodes_a_sentence": len(kernels) / len(sentences),
+                           "run_ms_a_sentence": runs / 1000 / len(sentences),
+                           "kernel_ms_a_sentence": sum(by_type.values()) / 1000 / len(sentences),
+                           "by_type_ms": {op: us / 1000 / len(sentences)
+                                          for op, us in by_type.most_common(8)}}  # fmt: skip
+        self.save()
+
     def drive_page(self, node, chromium, export, sentences, int8):
         server = subprocess.Popen([node, "serve.mjs", str(export), "--port", "0"],
                                   cwd=WEB_EXAMPLE, stdout=subprocess.PIPE, text=True)  # fmt: skip
@@ -290,6 +329,14 @@ class Bench:
                 )
             for name, status in self.results.get("browser_status", {}).items():
                 print(f"- the page's status line, {name}: {status}")
+        for name, figures in self.results.get("profile", {}).items():
+            ops = ", ".join(f"{op} {ms:.2f}" for op, ms in figures["by_type_ms"].items())
+            print(
+                f"\nProfile, {name}, batch 1, greedy, int8, a sentence: "
+                f"{figures['run_ms_a_sentence']:.1f} ms a run (profiling on), "
+                f"{figures['nodes_a_sentence']:,.0f} nodes run, their kernels "
+                f"{figures['kernel_ms_a_sentence']:.1f} ms; the largest (ms): {ops}"
+            )
 
 
 def _cell(scores):
