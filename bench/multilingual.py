@@ -108,10 +108,9 @@ class Bench:
                  for language in self.data["multiway_test"]}  # fmt: skip
         present = {language: path for language, path in files.items() if Path(path).exists()}
         config = load_config(workdir / "config.yaml", saved=True)
-        wanted = parse_directions(directions, present) if directions else [
-            d for d in multilingual.training_directions(config["data"])
-            if d.source in present and d.target in present
-        ]  # fmt: skip
+        asked = (parse_directions(directions, files) if directions
+                 else multilingual.training_directions(config["data"]))  # fmt: skip
+        wanted = [d for d in asked if d.source in present and d.target in present]
         scores = {}
         for direction in wanted:
             sources = multilingual.tagged(read_lines(present[direction.source]), direction.target)
