@@ -53,8 +53,6 @@ SEEDS = (1234, 7, 99)  # the teacher ensemble's members; the first is the defaul
 SECOND_TEST = "test_2017_flickr"
 PARTS = ("teachers", "distill", "references", "scores", "speed", "browser", "profile", "report")
 WEB_EXAMPLE = PROJECT_ROOT / "examples" / "web"
-# The systems timed (the student trained on the references runs as fast as the student).
-TIMED = ("default", "teacher_ensemble", "student")
 
 
 def run(command, **kwargs):
@@ -119,9 +117,15 @@ class Bench:
 
     def systems(self):
         """name -> the work directories of a system (several: an ensemble)."""
+        others = {name: [self.root / name] for name in self.args.other_students}
         return {"default": [self.members[0]], "teacher_ensemble": self.members,
                 "student": [self.root / "student"],
-                "student_references": [self.root / "student_references"]}  # fmt: skip
+                "student_references": [self.root / "student_references"], **others}  # fmt: skip
+
+    def timed(self):
+        """The systems whose speed is measured (the student trained on the references runs as
+        fast as the student)."""
+        return ["default", "teacher_ensemble", "student", *self.args.other_students]
 
     def exports(self):
         """name -> its ONNX export folder (the ensemble's written under ROOT once)."""
@@ -175,7 +179,7 @@ class Bench:
         from pipeline.data.corpus import read_lines
 
         sentences = read_lines(self.args.test_source["source"])[: self.args.sentences]
-        exports = {name: path for name, path in self.exports().items() if name in TIMED}
+        exports = {name: path for name, path in self.exports().items() if name in self.timed()}
         cells = [(name, int8, batch, beam) for name in exports for int8 in (False, True)
                  for batch in (1, 64) for beam in (1, 5)]  # fmt: skip
         translators = {(name, int8): OnnxTranslator(exports[name], int8=int8, batch_size=64)
@@ -213,7 +217,7 @@ class Bench:
             return
         sentences = read_lines(self.args.test_source["source"])[: self.args.browser_sentences]
         exports = self.exports()
-        rates = {(name, int8): [] for name in TIMED for int8 in (False, True)}
+        rates = {(name, int8): [] for name in self.timed() for int8 in (False, True)}
         each = {system: [] for system in rates}  # every sentence's milliseconds
         for _ in range(self.args.rounds):
             for name, int8 in rates:
@@ -362,6 +366,9 @@ def main():
         help="speed: test sentences at batch 64 (a quarter of them at batch 1)",
     )
     parser.add_argument("--browser-sentences", type=int, default=50)
+    parser.add_argument("--other-students", nargs="*", default=[], metavar="NAME",
+                        help="scores, speed, browser: further students, ROOT/NAME, each "
+                             "distilled by hand (pipeline.distill --set ...)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="the smoke recipe: a check")
     args = parser.parse_args()
     args.teacher_recipe = QUICK_RECIPE if args.quick else TEACHER_RECIPE
