@@ -13,7 +13,8 @@ teacher's translations of the training sources.
    written, and the corpus files appear, each whole, only once every line is translated.
 2. The student then trains on them as `pipeline.train` trains (reports, checkpoints, resuming,
    export), in the teacher's vocabularies. `distill.min_score` drops the pairs the teacher
-   scores lowest; `distill.keep_references` adds the original pairs.
+   scores lowest; `distill.keep_references` adds the original pairs. Changing either
+   rewrites the corpus from the translations already made.
 
 A command rather than a `data.distill_from` key: the distilled corpus is a product of its own,
 made once by a long translation with another model's runtime, and this keeps that phase and its
@@ -157,9 +158,15 @@ class Distillation:
             return teacher_export(self.teachers[0])
         return ensemble_export(self.teachers, self.folder / ENSEMBLE_TEACHER_DIR)
 
-    def done(self):
+    def done(self, keep_references, min_score):
+        """Whether the corpus is written from this teacher's translations with these settings
+        (other settings rewrite it from the translations, without translating again)."""
         path = self.folder / DONE_FILE
-        return path.is_file() and json.loads(path.read_text())["identity"] == self.identity
+        if not path.is_file():
+            return False
+        report = json.loads(path.read_text())
+        written = report["identity"], report["references"], report.get("min_score")
+        return written == (self.identity, keep_references, min_score)
 
     def completed(self):
         """(lines, bytes) of the partial file that are complete (0, 0 for a new start, or when
@@ -180,14 +187,17 @@ class Distillation:
         from pipeline.data.corpus import iter_lines
 
         self.folder.mkdir(parents=True, exist_ok=True)
+        total = sum(1 for _ in iter_lines(self.source))
+        lines, size = self.completed()
+        if lines == total:
+            log(f"Distillation: all {total:,} lines translated before")
+            return
+        if lines:
+            log(f"Distillation: {lines:,} of {total:,} lines translated before; continuing")
         settings = self.settings
         translator = registered(ONNX_TRANSLATOR)(self.export(), int8=settings["int8"],
                                                  batch_size=settings["batch_size"])  # fmt: skip
         options = {"beam_size": self.settings["beam_size"]} if self.settings["beam_size"] else {}
-        total = sum(1 for _ in iter_lines(self.source))
-        lines, size = self.completed()
-        if lines:
-            log(f"Distillation: {lines:,} of {total:,} lines translated before; continuing")
         with writing(self.partial), open(self.partial, "ab") as partial:
             partial.truncate(size)  # what a stop left after the last recorded block
             remaining = islice(iter_lines(self.source), lines, None)
@@ -225,7 +235,7 @@ class Distillation:
                     sources.write(source + "\n")
                     targets.write(reference + "\n")
         report = {"identity": self.identity, "distilled_pairs": kept, "dropped": dropped,
-                  "references": keep_references}  # fmt: skip
+                  "references": keep_references, "min_score": min_score}  # fmt: skip
         write_text_atomically(self.folder / DONE_FILE, json.dumps(report, indent=1) + "\n")
         return source_path, target_path, report
 
@@ -244,11 +254,10 @@ def main(argv=None):
     distillation = Distillation(workdir / DISTILLED_DIR, data["train_source"], args.teacher,
                                 settings)  # fmt: skip
     source, target = (distillation.folder / name for name in CORPUS_FILES)
-    if not distillation.done():
+    corpus_settings = settings["keep_references"], settings["min_score"]
+    if not distillation.done(*corpus_settings):
         distillation.translate()
-        source, target, report = distillation.write_corpus(
-            data["train_target"], settings["keep_references"], settings["min_score"]
-        )
+        source, target, report = distillation.write_corpus(data["train_target"], *corpus_settings)
         references = ", with the references" if settings["keep_references"] else ""
         log(f"Distilled corpus: {report['distilled_pairs']:,} pairs, {report['dropped']:,} "
             f"dropped below distill.min_score{references}")  # fmt: skip

@@ -84,6 +84,29 @@ def test_a_stopped_distillation_continues_and_leaves_no_corpus_before_the_end(
         )
 
 
+def test_other_corpus_settings_rewrite_the_corpus_from_the_translations_made(
+    exported_workdir, tmp_path, monkeypatch
+):
+    """A finished distillation asked for the references beside, or a score threshold, writes
+    its corpus again from the translations it made: the teacher does not run again."""
+    from pipeline.config import load_config
+
+    settings = load_config(SMOKE)["distill"]
+    source = tmp_path / "source.de"
+    source.write_text("\n".join(read_lines(SMOKE.parent.parent / "data" / "multi30k" /
+                                          "val.de.gz")[:40]) + "\n")  # fmt: skip
+    distillation = distill.Distillation(tmp_path / "made", source, [exported_workdir], settings)
+    distillation.translate()
+    distillation.write_corpus(source, False, None)
+    assert distillation.done(False, None)
+    assert not distillation.done(True, None) and not distillation.done(False, -1.0)
+    monkeypatch.setattr(distill, "registered", lambda group: pytest.fail("translated again"))
+    distillation.translate()  # every line is there: nothing to translate
+    _, target, report = distillation.write_corpus(source, True, None)
+    assert report["distilled_pairs"] == 40 and len(read_lines(target)) == 80
+    assert distillation.done(True, None) and not distillation.done(False, None)
+
+
 def test_an_ensemble_of_a_teacher_with_itself_teaches_what_the_teacher_does(
     exported_workdir, tmp_path, monkeypatch
 ):

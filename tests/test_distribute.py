@@ -165,11 +165,12 @@ def test_two_workers_finish_with_identical_weights(tmp_path):
 @pytest.mark.slow
 def test_a_killed_worker_and_its_restart_resume_from_the_last_checkpoints(tmp_path):
     cluster = two_workers()
-    longer = ["--set", "train.epochs=1", "--set", "train.steps_per_epoch=100",
-              "--set", "train.checkpoint_every_steps=20"]  # fmt: skip
+    # A worker cannot step without the other: the chief stops within a step of the kill.
+    longer = ["--set", "train.epochs=1", "--set", "train.steps_per_epoch=50",
+              "--set", "train.checkpoint_every_steps=10"]  # fmt: skip
     workers = start_workers(tmp_path, cluster, *longer)
     deadline = time.monotonic() + 240
-    while not (tmp_path / "checkpoints" / "ckpt-40.index").exists():
+    while not (tmp_path / "checkpoints" / "ckpt-20.index").exists():
         assert all(w.poll() is None for w in workers) and time.monotonic() < deadline
         time.sleep(0.05)
     workers[1].kill()
@@ -183,7 +184,7 @@ def test_a_killed_worker_and_its_restart_resume_from_the_last_checkpoints(tmp_pa
     assert re.search(r"Resuming from \S+ckpt-\d+ \(step", outputs[0])
     assert "Resuming from the chief's checkpoint (step" in outputs[1]
     resumed = [re.search(r"Resuming from .*\(step (\d+),", output).group(1) for output in outputs]
-    assert resumed[0] == resumed[1] and int(resumed[0]) >= 40
+    assert resumed[0] == resumed[1] and int(resumed[0]) >= 20
     assert fingerprint(outputs[0]) == fingerprint(outputs[1])
 
 
