@@ -1,7 +1,7 @@
 """One multilingual model beside a bilingual model a direction, and zero-shot beside pivoting.
 
     python bench/multilingual.py [--root runs/multilingual] [--recipe RECIPE]
-        [--parts baselines multilingual zero_shot pivot speed report] [--quick]
+        [--parts baselines multilingual zero_shot decoder_tag pivot speed report] [--quick]
 
 Every system is `python -m pipeline.train --config RECIPE --workdir ROOT/NAME --set ...`, so
 an interrupted part resumes where it stopped (training resumes from its checkpoints, a
@@ -20,12 +20,14 @@ scored system is not scored again), and every figure lands in `ROOT/results.json
   languages) of every direction, BLEU cased and lowercased, chrF and the share of
   translations in another language (`pipeline.evaluate --directions`); the zero-shot model
   on the directions it never saw too.
+- `decoder_tag`: `zero_shot` with the tag on the decoder side (`data.language_tag: target`:
+  the translation's first token, forced by the search), scored as `zero_shot`.
 - `pivot`: the zero-shot model translating each unseen direction in two hops through
   `--pivot`, scored as the rest.
 - `speed`: the multilingual export beside the German->English baseline's export (the same
-  model size) in ONNX Runtime, translating test_2016_flickr into a target language a
-  sentence (the multilingual one) or into English (the baseline), batch 64, beam as the
-  recipe, the two taking turns over `--rounds`.
+  model size) in ONNX Runtime, translating German test_2016_flickr: the multilingual one into
+  a target language a sentence (mixed) and into English only, the baseline into English; at
+  each of `--batch-sizes`, beam as the recipe, the three taking turns over `--rounds`.
 - `report`: the tables.
 
 `--quick` runs the tiny smoke recipe (`configs/smoke_multilingual.yaml`) through every part
@@ -51,7 +53,8 @@ from pipeline.core.atomic_files import write_text_atomically  # noqa: E402
 RECIPE = PROJECT_ROOT / "configs" / "multi30k_multilingual.yaml"
 QUICK_RECIPE = PROJECT_ROOT / "configs" / "smoke_multilingual.yaml"
 SECOND_TEST = "test_2017_flickr"  # a second test set, where the languages have it
-PARTS = ("baselines", "multilingual", "zero_shot", "pivot", "speed", "report")
+SPEED_DIRECTION = "de-en"  # speed: the bilingual baseline beside the multilingual export
+PARTS = ("baselines", "multilingual", "zero_shot", "decoder_tag", "pivot", "speed", "report")
 
 
 def run(command):
@@ -152,18 +155,22 @@ class Bench:
         self.train("multilingual", [])
         self.score("multilingual")
 
-    def zero_shot(self):
+    def zero_shot(self, name="zero_shot", overrides=()):
         """The model of the directions into and out of the pivot, scored on every direction
         between the set's languages: those it never saw are the zero-shot ones."""
         pivot = self.args.pivot
         seen = f"{multilingual.TO_AND_FROM}{pivot}"
         count = len(multilingual.parse_directions(seen, multilingual.languages(self.data)))
-        self.train("zero_shot", [f"data.directions={seen}", *self.budget_share(count)])
+        self.train(name, [f"data.directions={seen}", *self.budget_share(count), *overrides])
         every = multilingual.parse_directions(multilingual.ALL_DIRECTIONS,
                                               multilingual.languages(self.data))  # fmt: skip
-        self.score("zero_shot", ",".join(map(str, every)))
+        self.score(name, ",".join(map(str, every)))
         self.results["unseen"] = [str(d) for d in every if pivot not in (d.source, d.target)]
         self.save()
+
+    def decoder_tag(self):
+        """`zero_shot` with the tag on the decoder side (`data.language_tag: target`)."""
+        self.zero_shot("decoder_tag", ["data.language_tag=target"])
 
     def pivot(self):
         """Each unseen direction in two hops through the pivot language, with the zero-shot
@@ -190,33 +197,43 @@ class Bench:
             self.save()
 
     def speed(self):
-        """Sentences/s of the multilingual export (mixed target languages) and of the German->
-        English baseline's export, batch 64, the two taking turns."""
+        """Sentences/s of the multilingual export into a target language a sentence (mixed),
+        of the same export into English only, and of the German->English baseline's export,
+        at each batch size, the three taking turns."""
         from export.exporter import export_model
         from export.runtime import OnnxTranslator
         from pipeline.data.corpus import read_lines
 
-        baseline = self.root / "baseline_de-en"
-        systems = {}
-        for name in ("multilingual", baseline.name):
-            export = self.root / name / "export" / "onnx"
-            if not (export / "model.json").exists():
+        names = ("multilingual", f"baseline_{SPEED_DIRECTION}")
+        for name in names:
+            if not (self.root / name / "export" / "onnx" / "model.json").exists():
                 export_model(self.root / name, self.root / name / "export", ["onnx"])
-            systems[name] = OnnxTranslator(export, batch_size=64)
-        german = read_lines(self.data["multiway_test"]["de"])
-        targets = [self.directions[i % len(self.directions)].target for i in range(len(german))]
-        targets = [t if t != "de" else "en" for t in targets]
-        rates = {name: [] for name in systems}
-        for _ in range(self.args.rounds):
-            for name, translator in systems.items():
-                started = time.perf_counter()
-                if name == "multilingual":
-                    translator.translate(german, target_language=targets)
-                else:
-                    translator.translate(german, target_language="en")
-                rates[name].append(len(german) / (time.perf_counter() - started))
-        self.results["speed"] = {name: {"sentences_per_s": r, "median": statistics.median(r)}
-                                 for name, r in rates.items()}  # fmt: skip
+        source, target = SPEED_DIRECTION.split("-")
+        sentences = read_lines(self.data["multiway_test"][source])
+        others = sorted({d.target for d in self.directions} - {source})
+        mixed = [others[i % len(others)] for i in range(len(sentences))]
+        systems = {  # name: (work directory, target languages)
+            "multilingual, mixed targets": (names[0], mixed),
+            f"multilingual, into {target}": (names[0], target),
+            f"bilingual {SPEED_DIRECTION}": (names[1], target),  # a multi-way set of two
+        }
+        figures = {}
+        for batch_size in self.args.batch_sizes:
+            translators = {name: OnnxTranslator(self.root / workdir / "export" / "onnx",
+                                                batch_size=batch_size)
+                           for name, (workdir, _) in systems.items()}  # fmt: skip
+            rates = {name: [] for name in systems}
+            for _ in range(self.args.rounds):
+                for name, (_, targets) in systems.items():
+                    started = time.perf_counter()
+                    translators[name].translate(sentences, target_language=targets)
+                    rates[name].append(len(sentences) / (time.perf_counter() - started))
+            figures[str(batch_size)] = {
+                name: {"sentences_per_s": r, "median": statistics.median(r)}
+                for name, r in rates.items()
+            }
+        self.results["speed"] = {"direction": SPEED_DIRECTION, "mixed_targets": others,
+                                 "batch_sizes": figures}  # fmt: skip
         self.save()
 
     def report(self):
@@ -224,7 +241,7 @@ class Bench:
         print(f"# {platform.node()}: {self.args.recipe}")
         for split in ("test", SECOND_TEST):
             print(f"\n### {split}: BLEU (lowercased) / chrF / wrong language %\n")
-            systems = [s for s in ("multilingual", "zero_shot") if s in scores]
+            systems = [s for s in ("multilingual", "zero_shot", "decoder_tag") if s in scores]
             print("| " + " | ".join(["direction", "baseline", *systems, "pivot"]) + " |")
             print("|---|" + "---|" * (len(systems) + 2))
             names = sorted({d for s in scores.values() for d in s.get(split, {})})
@@ -235,9 +252,11 @@ class Bench:
                 pivot = self.results.get("pivot", {}).get(direction) if split == "test" else None
                 print(f"| {direction} | " + " | ".join(cells + [_cell(pivot)]) + " |")
         self.report_training_time()
-        if "speed" in self.results:
-            print("\n### ONNX Runtime, batch 64, sentences/s (each round)\n")
-            for name, figures in self.results["speed"].items():
+        speed = self.results.get("speed", {})
+        for batch_size, systems in speed.get("batch_sizes", {}).items():
+            print(f"\n### ONNX Runtime, {speed['direction']} test sentences, batch {batch_size},"
+                  " sentences/s (each round)\n")  # fmt: skip
+            for name, figures in systems.items():
                 each = ", ".join(f"{r:.1f}" for r in figures["sentences_per_s"])
                 print(f"- {name}: {each} (median {figures['median']:.1f})")
 
@@ -252,7 +271,7 @@ class Bench:
         print("\n### Training time (minutes)\n")
         if baselines:
             print(f"- {len(baselines)} baselines together: {sum(baselines) / 60:.1f}")
-        for name in ("multilingual", "zero_shot"):
+        for name in ("multilingual", "zero_shot", "decoder_tag"):
             if name in seconds:
                 print(f"- {name}: {seconds[name] / 60:.1f}")
 
@@ -274,6 +293,8 @@ def main():
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--pivot", default="en", help="zero_shot and pivot: the hub language")
     parser.add_argument("--rounds", type=int, default=2, help="speed: rounds of each system")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64],
+                        help="speed: the runtime's batch sizes")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="the smoke recipe: a check")
     args = parser.parse_args()
     if args.quick:

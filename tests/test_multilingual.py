@@ -16,7 +16,9 @@ from pipeline.core.multilingual import (
     Direction,
     leading_tag_pieces,
     parse_directions,
+    split_tag,
     tag_requests,
+    tags_to_targets,
 )
 from pipeline.data.corpus import (
     read_split,
@@ -137,6 +139,23 @@ def test_the_directions_are_read_tagged_aligned_and_mixed_as_configured(tmp_path
     lines = {str(d): (test.sources[a:b], test.targets[a:b]) for d, a, b in test.directions}
     assert lines["en-de"][0][0] == "<2de> en 0" and lines["en-de"][1][0] == "de 0"
     assert lines["de-en"][0][7] == "" and lines["de-en"][0][8] == "<2en> de 8"
+    # The decoder-side tag: the same directions, each target tagged instead of its source.
+    config["data"]["language_tag"] = "target"
+    corpora, sources, targets, _ = scan_multiway(config["data"], 30, seed=3, log=print)
+    assert [(c.source_prefix, c.target_prefix) for c in corpora] == [
+        ("", "<2en> "), ("", "<2de> "), ("", "<2fr> "), ("", "<2en> ")]  # fmt: skip
+    for source, target in zip(sources, targets):
+        tag, _, text = target.partition(b" ")
+        assert not source.startswith(b"<2") and tag == f"<2{text.split()[0].decode()}>".encode()
+
+
+def test_a_decoder_side_model_takes_each_tag_from_its_source_to_its_target():
+    assert split_tag("<2fr> Ein Hund.", ["de", "fr"]) == ("fr", "Ein Hund.")
+    assert split_tag("<2pt> Ein Hund.", ["de", "fr"]) == (None, "<2pt> Ein Hund.")
+    assert split_tag("", ["fr"]) == (None, "")
+    assert tags_to_targets(["<2fr> Ein Hund.", "", "<2en> Zwei."], ["Un chien.", "", "Two."],
+                           ["en", "fr"]) == (["Ein Hund.", "", "Zwei."],
+                                             ["<2fr> Un chien.", "", "<2en> Two."])  # fmt: skip
 
 
 def test_requests_are_tagged_for_a_multilingual_model_and_checked():
@@ -477,3 +496,32 @@ def test_the_tag_is_left_out_of_alignments_and_plots(trained):
     assert leading_tag_pieces(["▁", "<2fr>", "▁Ein"], ["de", "fr"]) == 2
     assert leading_tag_pieces(["<2fr>", "▁Ein"], ["fr"]) == 1
     assert leading_tag_pieces(["▁", "Ein"], ["fr"]) == 0
+
+
+def test_a_decoder_side_tag_is_forced_as_the_translations_first_token(tmp_path):
+    """`data.language_tag: target`: the model trains with each tag before its target, and the
+    search starts every translation with the tag asked, which the text leaves out."""
+    from export.exporter import export_model
+    from pipeline import train
+    from pipeline.decoding.translation import Translator
+    from pipeline.workdir import load_trained
+
+    workdir = tmp_path / "decoder_tag"
+    train.main(["--config", str(SMOKE), "--workdir", str(workdir), "--set",
+                "data.language_tag=target", "--set", "data.multiway_test=null"])  # fmt: skip
+    trained = load_trained(workdir)
+    translator = Translator.from_trained(trained, beam_size=1)
+    assert translator.tag_side == "target"
+    _, model, source_tokenizer, target_tokenizer = trained
+    plain = Translator(model, source_tokenizer, target_tokenizer, translator.options)
+    source = "Ein Hund läuft."
+    for language in ("en", "fr"):
+        ((best,),) = translator.hypotheses(translator.requests([source], language))
+        ((forced,),) = plain.hypotheses([source], target_prefix=[f"<2{language}>"])
+        assert forced.target_tokens[:2] == ["▁", f"<2{language}>"]
+        assert best.target_tokens == forced.target_tokens[2:] and best.score == forced.score
+        assert best.source_tokens == source_tokenizer.processor.encode(source, out_type=str)
+        assert best.attention.shape == (len(best.target_tokens), len(best.source_tokens))
+        assert not best.text.startswith("<2")
+    with pytest.raises(UserError, match="trained with data.language_tag: target"):
+        export_model(workdir)
