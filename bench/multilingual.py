@@ -1,7 +1,7 @@
 """One multilingual model beside a bilingual model a direction, and zero-shot beside pivoting.
 
     python bench/multilingual.py [--root runs/multilingual] [--recipe RECIPE]
-        [--parts baselines multilingual zero_shot decoder_tag pivot speed report] [--quick]
+        [--parts baselines multilingual zero_shot pivot speed report] [--quick]
 
 Every system is `python -m pipeline.train --config RECIPE --workdir ROOT/NAME --set ...`, so
 an interrupted part resumes where it stopped (training resumes from its checkpoints, a
@@ -20,8 +20,6 @@ scored system is not scored again), and every figure lands in `ROOT/results.json
   languages) of every direction, BLEU cased and lowercased, chrF and the share of
   translations in another language (`pipeline.evaluate --directions`); the zero-shot model
   on the directions it never saw too.
-- `decoder_tag`: `zero_shot` with the tag on the decoder side (`data.language_tag: target`:
-  the translation's first token, forced by the search), scored as `zero_shot`.
 - `pivot`: the zero-shot model translating each unseen direction in two hops through
   `--pivot`, scored as the rest.
 - `speed`: the multilingual export beside the German->English baseline's export (the same
@@ -54,7 +52,7 @@ RECIPE = PROJECT_ROOT / "configs" / "multi30k_multilingual.yaml"
 QUICK_RECIPE = PROJECT_ROOT / "configs" / "smoke_multilingual.yaml"
 SECOND_TEST = "test_2017_flickr"  # a second test set, where the languages have it
 SPEED_DIRECTION = "de-en"  # speed: the bilingual baseline beside the multilingual export
-PARTS = ("baselines", "multilingual", "zero_shot", "decoder_tag", "pivot", "speed", "report")
+PARTS = ("baselines", "multilingual", "zero_shot", "pivot", "speed", "report")
 
 
 def run(command):
@@ -155,22 +153,18 @@ class Bench:
         self.train("multilingual", [])
         self.score("multilingual")
 
-    def zero_shot(self, name="zero_shot", overrides=()):
+    def zero_shot(self):
         """The model of the directions into and out of the pivot, scored on every direction
         between the set's languages: those it never saw are the zero-shot ones."""
         pivot = self.args.pivot
         seen = f"{multilingual.TO_AND_FROM}{pivot}"
         count = len(multilingual.parse_directions(seen, multilingual.languages(self.data)))
-        self.train(name, [f"data.directions={seen}", *self.budget_share(count), *overrides])
+        self.train("zero_shot", [f"data.directions={seen}", *self.budget_share(count)])
         every = multilingual.parse_directions(multilingual.ALL_DIRECTIONS,
                                               multilingual.languages(self.data))  # fmt: skip
-        self.score(name, ",".join(map(str, every)))
+        self.score("zero_shot", ",".join(map(str, every)))
         self.results["unseen"] = [str(d) for d in every if pivot not in (d.source, d.target)]
         self.save()
-
-    def decoder_tag(self):
-        """`zero_shot` with the tag on the decoder side (`data.language_tag: target`)."""
-        self.zero_shot("decoder_tag", ["data.language_tag=target"])
 
     def pivot(self):
         """Each unseen direction in two hops through the pivot language, with the zero-shot
@@ -241,7 +235,7 @@ class Bench:
         print(f"# {platform.node()}: {self.args.recipe}")
         for split in ("test", SECOND_TEST):
             print(f"\n### {split}: BLEU (lowercased) / chrF / wrong language %\n")
-            systems = [s for s in ("multilingual", "zero_shot", "decoder_tag") if s in scores]
+            systems = [s for s in ("multilingual", "zero_shot") if s in scores]
             print("| " + " | ".join(["direction", "baseline", *systems, "pivot"]) + " |")
             print("|---|" + "---|" * (len(systems) + 2))
             names = sorted({d for s in scores.values() for d in s.get(split, {})})
@@ -271,7 +265,7 @@ class Bench:
         print("\n### Training time (minutes)\n")
         if baselines:
             print(f"- {len(baselines)} baselines together: {sum(baselines) / 60:.1f}")
-        for name in ("multilingual", "zero_shot", "decoder_tag"):
+        for name in ("multilingual", "zero_shot"):
             if name in seconds:
                 print(f"- {name}: {seconds[name] / 60:.1f}")
 

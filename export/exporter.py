@@ -125,9 +125,6 @@ def export_model(
                         "saved_model or onnx")  # fmt: skip
     config, model, source_tokenizer, target_tokenizer = load_ensemble([workdir, *ensemble],
                                                                       weights)  # fmt: skip
-    if multilingual.tag_side(config["data"]) == "target":
-        raise UserError(f"{workdir}: the exports take a multilingual model's tag on the source "
-                        "side; this one was trained with data.language_tag: target")  # fmt: skip
     if "ctranslate2" in formats:  # refused now rather than after the other formats
         check_formats_fit_model(formats, config["model"]["type"], str(workdir))
         import export.ctranslate2_model  # noqa: F401  (names the package to install, if missing)

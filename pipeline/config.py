@@ -86,9 +86,6 @@ SCHEMA = {
                             "(into and out of XX), or a list such as de-en,en-de"),
         "sampling_temperature": Field(float, 5.0, "multiway: directions mixed with weights "
                                       "proportional to their lines^(1/T)", minimum=1.0),
-        "language_tag": Field(str, "source", "multiway: the target-language tag before the "
-                              "source, or as the translation's first token (decoder side)",
-                              choices=multilingual.TAG_SIDES),
         "skip_bad_lines": Field(bool, False, "skip training lines not in UTF-8 (or, in a TSV, "
                                 "without a tab) rather than stop at the first"),
         "vocab_sample_size": positive_int(1_000_000, "training pairs sampled at random to learn "

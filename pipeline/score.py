@@ -96,8 +96,6 @@ def main(argv=None):
             sources, targets = zip(*block, strict=True)
             sources = multilingual.tag_requests(sources, args.target_language, languages,
                                                 own_target, "--target-language")  # fmt: skip
-            if multilingual.tag_side(config["data"]) == "target":
-                sources, targets = multilingual.tags_to_targets(sources, targets, languages)
             for result in scorer.score(sources, list(targets)):
                 out.write(f"{result.log_prob:.4f}\t{result.per_token:.4f}\t{result.tokens}\n")
                 if links:

@@ -16,9 +16,7 @@ from pipeline.core.multilingual import (
     Direction,
     leading_tag_pieces,
     parse_directions,
-    split_tag,
     tag_requests,
-    tags_to_targets,
 )
 from pipeline.data.corpus import (
     read_split,
@@ -139,23 +137,6 @@ def test_the_directions_are_read_tagged_aligned_and_mixed_as_configured(tmp_path
     lines = {str(d): (test.sources[a:b], test.targets[a:b]) for d, a, b in test.directions}
     assert lines["en-de"][0][0] == "<2de> en 0" and lines["en-de"][1][0] == "de 0"
     assert lines["de-en"][0][7] == "" and lines["de-en"][0][8] == "<2en> de 8"
-    # The decoder-side tag: the same directions, each target tagged instead of its source.
-    config["data"]["language_tag"] = "target"
-    corpora, sources, targets, _ = scan_multiway(config["data"], 30, seed=3, log=print)
-    assert [(c.source_prefix, c.target_prefix) for c in corpora] == [
-        ("", "<2en> "), ("", "<2de> "), ("", "<2fr> "), ("", "<2en> ")]  # fmt: skip
-    for source, target in zip(sources, targets):
-        tag, _, text = target.partition(b" ")
-        assert not source.startswith(b"<2") and tag == f"<2{text.split()[0].decode()}>".encode()
-
-
-def test_a_decoder_side_model_takes_each_tag_from_its_source_to_its_target():
-    assert split_tag("<2fr> Ein Hund.", ["de", "fr"]) == ("fr", "Ein Hund.")
-    assert split_tag("<2pt> Ein Hund.", ["de", "fr"]) == (None, "<2pt> Ein Hund.")
-    assert split_tag("", ["fr"]) == (None, "")
-    assert tags_to_targets(["<2fr> Ein Hund.", "", "<2en> Zwei."], ["Un chien.", "", "Two."],
-                           ["en", "fr"]) == (["Ein Hund.", "", "Zwei."],
-                                             ["<2fr> Un chien.", "", "<2en> Two."])  # fmt: skip
 
 
 def test_requests_are_tagged_for_a_multilingual_model_and_checked():
@@ -496,48 +477,3 @@ def test_the_tag_is_left_out_of_alignments_and_plots(trained):
     assert leading_tag_pieces(["▁", "<2fr>", "▁Ein"], ["de", "fr"]) == 2
     assert leading_tag_pieces(["<2fr>", "▁Ein"], ["fr"]) == 1
     assert leading_tag_pieces(["▁", "Ein"], ["fr"]) == 0
-
-
-def test_a_decoder_side_model_trains_on_tagged_targets_and_its_search_forces_the_tag(
-    trained, tmp_path
-):
-    """`data.language_tag: target`: the training pairs carry each tag before the target (the
-    stream and an in-memory split alike), the search starts every translation with the tag
-    asked, which the text leaves out, and the exports refuse such a model in one line."""
-    import shutil
-
-    from export.exporter import export_model
-    from pipeline.config import save_config
-    from pipeline.data.dataset import StreamCounters, encode_corpus, stream_training_examples
-    from pipeline.decoding.translation import Translator
-    from pipeline.workdir import load_trained
-
-    workdir = tmp_path / "decoder_tag"
-    shutil.copytree(trained, workdir, ignore=shutil.ignore_patterns("export", "logs"))
-    config = load_config(workdir / "config.yaml", saved=True)
-    config["data"]["language_tag"] = "target"
-    save_config(config, workdir / "config.yaml")
-    loaded = load_trained(workdir)
-    _, model, tokenizer, _ = loaded
-    pieces = tokenizer.processor.id_to_piece
-    corpora, *_ = scan_multiway(config["data"], log=lambda _: None)
-    stream, _ = stream_training_examples(corpora[:1], tokenizer, tokenizer, config["data"],
-                                         StreamCounters(corpora[:1], [0]), seed=1)  # fmt: skip
-    inputs, outputs = next(iter(stream))
-    assert corpora[0].name == "de-en" and "<2en>" not in map(pieces, inputs["source_ids"].numpy())
-    assert [pieces(int(i)) for i in outputs[:2]] == ["▁", "<2en>"]
-    encoded = encode_corpus(read_split(config["data"], "valid"), tokenizer, tokenizer,
-                            config["data"], "valid", log=lambda _: None)  # fmt: skip
-    assert all(pieces(int(ids[1])) in ("<2de>", "<2en>", "<2fr>") for ids in encoded.target_ids)
-    translator = Translator.from_trained(loaded, beam_size=1)
-    plain = Translator(model, tokenizer, tokenizer, translator.options)
-    source = "Ein Hund läuft."
-    for language in ("en", "fr"):
-        ((best,),) = translator.hypotheses(translator.requests([source], language))
-        ((forced,),) = plain.hypotheses([source], target_prefix=[f"<2{language}>"])
-        assert forced.target_tokens[:2] == ["▁", f"<2{language}>"]
-        assert best.target_tokens == forced.target_tokens[2:] and best.score == forced.score
-        assert best.source_tokens == tokenizer.processor.encode(source, out_type=str)
-        assert best.attention.shape == (len(best.target_tokens), len(best.source_tokens))
-    with pytest.raises(UserError, match="trained with data.language_tag: target"):
-        export_model(workdir)

@@ -29,10 +29,6 @@ TO_AND_FROM = "to_and_from:"  # the directions into and out of one language (Eng
 
 
 TAG_OPEN, TAG_CLOSE = "<2", ">"  # around a language code: the tag asking for that language
-# data.language_tag: where a model reads the tag. "source": before the source sentence (Johnson
-# et al., 2017). "target": the translation's first token, forced by the search (the decoder-side
-# tag of Wu et al., 2021, "Language Tags Matter for Zero-Shot Neural Machine Translation").
-TAG_SIDES = ("source", "target")
 
 
 def language_tag(language):
@@ -50,32 +46,6 @@ def leading_tag_pieces(pieces, languages):
         if piece != "\u2581":
             return 0
     return 0
-
-
-def tag_side(data):
-    """Where a multilingual model reads its tag (`TAG_SIDES`); None for a bilingual one."""
-    return data["language_tag"] if is_multilingual(data) else None
-
-
-def split_tag(sentence, languages):
-    """(language, the sentence after its tag) of a request tagged with one of `languages`;
-    (None, sentence) of an untagged one."""
-    for language in languages:
-        tag = language_tag(language) + " "
-        if sentence.startswith(tag):
-            return language, sentence[len(tag) :]
-    return None, sentence
-
-
-def tags_to_targets(sources, targets, languages):
-    """Pairs of tagged sources as a decoder-side model trains on them: each tag moved from
-    its source to the start of its target."""
-    moved_sources, moved_targets = [], []
-    for source, target in zip(sources, targets):
-        language, sentence = split_tag(source, languages)
-        moved_sources.append(sentence)
-        moved_targets.append(target if language is None else f"{language_tag(language)} {target}")
-    return moved_sources, moved_targets
 
 
 def tagged(sentences, language):

@@ -174,7 +174,6 @@ class TrainingCorpus:
     weight: float
     bad_lines: int
     source_prefix: str = ""  # before each source line: a multilingual model's target tag
-    target_prefix: str = ""  # before each target line: a decoder-side target tag
 
     @property
     def lines(self):
@@ -382,9 +381,8 @@ def temperature_weights(sizes, temperature):
 
 def scan_multiway(data_config, sample_size=0, seed=0, log=print):
     """`scan_training_corpora` for a multi-way set: each language's file counted and checked
-    once, a training corpus a direction of `data.directions` (its sources tagged, or its
-    targets for `data.language_tag: target`; its weight by `data.sampling_temperature`),
-    aligned samples of `sample_size` lines a language.
+    once, a training corpus a direction of `data.directions` (its sources tagged, its weight
+    by `data.sampling_temperature`), aligned samples of `sample_size` lines a language.
     Returns `(corpora, source sample, target sample, vocabulary sample)`: pairs of the
     directions in turn, for the batch estimate, and every language's lines in equal number,
     for a shared vocabulary."""
@@ -403,11 +401,10 @@ def scan_multiway(data_config, sample_size=0, seed=0, log=print):
     shares = temperature_weights(
         [counts[d.source] for d in directions], data_config["sampling_temperature"]
     )
-    side = multilingual.tag_side(data_config)
     corpora = [
         TrainingCorpus(str(d), (Shard(files[d.source], files[d.target], counts[d.source]),),
                        share, bad[d.source] + bad[d.target],
-                       **{f"{side}_prefix": multilingual.language_tag(d.target) + " "})
+                       multilingual.language_tag(d.target) + " ")
         for d, share in zip(directions, shares)
     ]  # fmt: skip
     for corpus in corpora:
@@ -419,10 +416,7 @@ def scan_multiway(data_config, sample_size=0, seed=0, log=print):
         d = directions[index % len(directions)]
         source, target = samples[d.source][index], samples[d.target][index]
         if source is not None and target is not None:
-            request = multilingual.tagged([source], d.target)[0]
-            if side == "target":  # the same tag (none for a blank line), before the target
-                request, target = source, request[: len(request) - len(source)] + target
-            pairs.append((request, target))
+            pairs.append((multilingual.tagged([source], d.target)[0], target))
     vocabulary = [line for language in sorted(samples) for line in samples[language]
                   if line is not None]  # fmt: skip
     return corpora, [s for s, _ in pairs], [t for _, t in pairs], vocabulary

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from pipeline.core import micro_batches, multilingual
+from pipeline.core import micro_batches
 from pipeline.core.errors import UserError
 from pipeline.data.tokenizer import BOS_ID, EOS_ID
 
@@ -56,15 +56,9 @@ def _kept(source_lengths, target_lengths, data_config):
 
 
 def encode_corpus(corpus, source_tokenizer, target_tokenizer, data_config, name, log=print):
-    """Tokenises an in-memory `corpus` (a multilingual one's sources tagged) and drops empty
-    and over-long pairs, reporting how many."""
-    sources, targets = corpus.sources, corpus.targets
-    if multilingual.tag_side(data_config) == "target":
-        sources, targets = multilingual.tags_to_targets(
-            sources, targets, multilingual.languages(data_config)
-        )
-    source_ids = _tokenize_all(source_tokenizer, sources)
-    target_ids = _tokenize_all(target_tokenizer, targets)
+    """Tokenises an in-memory `corpus` and drops empty and over-long pairs, reporting how many."""
+    source_ids = _tokenize_all(source_tokenizer, corpus.sources)
+    target_ids = _tokenize_all(target_tokenizer, corpus.targets)
     source_lengths = source_ids.row_lengths().numpy()
     target_lengths = target_ids.row_lengths().numpy()
     empty, too_long = _kept(source_lengths, target_lengths, data_config)
@@ -244,8 +238,7 @@ def _is_utf8(lines):
     return tf.equal(tf.strings.unicode_transcode(lines, "UTF-8", "UTF-8", errors="replace"), lines)
 
 
-def _encoder(source_tokenizer, target_tokenizer, data_config, counts, tsv, source_prefix="",
-             target_prefix=""):  # fmt: skip
+def _encoder(source_tokenizer, target_tokenizer, data_config, counts, tsv, source_prefix=""):
     """The map from a batch of lines to the training examples of the pairs it keeps, as
     ragged `({"source_ids", "target_input_ids"}, target_output_ids)`, counting what it reads
     and drops into `counts`. Bad lines (already counted by the corpus scan) are dropped only
@@ -264,10 +257,9 @@ def _encoder(source_tokenizer, target_tokenizer, data_config, counts, tsv, sourc
             )
         if check:
             valid &= _is_utf8(source_lines) & _is_utf8(target_lines)
-        if source_prefix or target_prefix:  # a blank pair stays blank, to be dropped as empty
+        if source_prefix:  # a blank line stays blank, to be dropped as empty
             blank = tf.equal(tf.strings.strip(source_lines), "")
             source_lines = tf.where(blank, source_lines, source_prefix + source_lines)
-            target_lines = tf.where(blank, target_lines, target_prefix + target_lines)
         source = source_tokenizer.tokenize(tf.where(valid, source_lines, ""))
         target = target_tokenizer.tokenize(tf.where(valid, target_lines, ""))
         empty, too_long = _kept(source.row_lengths(), target.row_lengths(), data_config)
@@ -322,7 +314,7 @@ def stream_training_examples(
             lines = lines.shard(pipelines, pipeline)
         encode = _encoder(
             source_tokenizer, target_tokenizer, data_config, counters.counts[number],
-            corpus.is_tsv, corpus.source_prefix, corpus.target_prefix,
+            corpus.is_tsv, corpus.source_prefix,
         )  # fmt: skip
         examples = (
             lines.batch(STREAM_TOKENIZE_BATCH)

@@ -46,7 +46,7 @@ class Translator:
     """
 
     def __init__(self, model, source_tokenizer, target_tokenizer, options, batch_size=64,
-                 languages=(), target_language=None, tag_side="source"):  # fmt: skip
+                 languages=(), target_language=None):  # fmt: skip
         self.model = model
         self.source_tokenizer = source_tokenizer
         self.target_tokenizer = target_tokenizer
@@ -54,7 +54,6 @@ class Translator:
         self.batch_size = batch_size
         # A multilingual model's languages; a bilingual one's target language, where known.
         self.languages, self.target_language = list(languages), target_language
-        self.tag_side = tag_side  # where a multilingual model reads a request's tag
         self._searches = {}  # SearchOptions -> its traced searches, without and with a prefix
 
     @classmethod
@@ -68,8 +67,7 @@ class Translator:
         batch_size = batch_size or config["decode"]["batch_size"]
         return cls(model, source_tokenizer, target_tokenizer, search, batch_size,
                    multilingual.languages(config["data"]),
-                   multilingual.model_languages(config["data"]).get("target"),
-                   multilingual.tag_side(config["data"]) or "source")  # fmt: skip
+                   multilingual.model_languages(config["data"]).get("target"))  # fmt: skip
 
     def _searchers(self, options):
         if options not in self._searches:
@@ -92,8 +90,6 @@ class Translator:
         if not sentences:
             return []
         options = self.options.with_overrides(**options)
-        if self.tag_side == "target" and self.languages:
-            sentences, target_prefix = self._tags_as_prefixes(sentences, target_prefix)
         without_prefix, with_prefix = self._searchers(options)
         source_ids = self.source_tokenizer.tokenize(tf.constant(sentences))
         source_ids = source_ids[:, : options.max_source_length]  # as the exports do
@@ -155,16 +151,6 @@ class Translator:
             "target_language", ValueError,
         )  # fmt: skip
 
-    def _tags_as_prefixes(self, sentences, target_prefix):
-        """A decoder-side model's requests: each tag moved from its sentence to the start of
-        the sentence's target prefix, which the search forces."""
-        split = [multilingual.split_tag(sentence, self.languages) for sentence in sentences]
-        prefixes = []
-        for (language, _), prefix in zip(split, target_prefix or [""] * len(sentences)):
-            tag = multilingual.language_tag(language) if language else ""
-            prefixes.append(f"{tag} {prefix}" if tag and prefix else tag or prefix)
-        return [sentence for _, sentence in split], prefixes
-
     def _hypothesis(self, source, ids, score, attention, options):
         ids = [token for token in ids.tolist() if token != PAD_ID]
         length = ids.index(EOS_ID) + 1 if EOS_ID in ids else len(ids)
@@ -176,9 +162,6 @@ class Translator:
         tag = multilingual.leading_tag_pieces(source_pieces, self.languages)
         source_pieces, attention = source_pieces[tag:], attention[:, tag:]
         target_pieces = [self.target_tokenizer.processor.id_to_piece(i) for i in ids]
-        # A decoder-side tag is the request too: the translation starts after it.
-        tag = multilingual.leading_tag_pieces(target_pieces, self.languages)
-        ids, target_pieces, attention = ids[tag:], target_pieces[tag:], attention[tag:]
         if options.replace_unknown:
             target_pieces = replace_unknown(ids, target_pieces, source_pieces, attention)
         words = [p for p, token in zip(target_pieces, ids) if token != EOS_ID]
