@@ -428,8 +428,7 @@ class ValidationBleu(keras.callbacks.Callback):
         if (epoch + 1) % self.every_epochs:
             return
         self.float32_model.set_weights(self.model.get_weights())
-        # The sources are requests already (a multilingual model's tagged): no language asked.
-        hypotheses = [found[0].text for found in self.translator.hypotheses(self.sources)]
+        hypotheses = self.translator.translate(self.sources)
         if logs is None:
             return
         scores = score_translations(hypotheses, self.references)

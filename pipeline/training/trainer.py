@@ -28,7 +28,7 @@ from pipeline.data.dataset import (
 )
 from pipeline.data.tokenizer import prepare_tokenizers, training_tokenizers, vocabularies_to_build
 from pipeline.decoding.evaluation import direction_table, score_directions, score_translations
-from pipeline.decoding.translation import Translator
+from pipeline.decoding.translation import SearchOptions, Translator
 from pipeline.model_types import MODEL_TYPES
 from pipeline.model_types.builder import build_model
 from pipeline.training import callbacks as training_callbacks
@@ -358,8 +358,11 @@ class TrainingRun:
         """Keras' `fit` for each part of the remaining work; returns the history."""
         if self.task.is_chief:  # only now, when nothing has failed, does the configuration change
             save_config(self.config, self.workdir / CONFIG_FILE)
-        self.translator = Translator.from_trained((self.config, self.float32_model,
-                                                   *self.tokenizers))  # fmt: skip
+        decode = self.config["decode"]
+        self.translator = Translator(
+            self.float32_model, *self.tokenizers, SearchOptions.from_config(decode),
+            decode["batch_size"],
+        )  # fmt: skip
         self.stream = TrainingStream(self.config, self.training_corpora, self.segmenters,
                                      self.strategy, self.state.positions, self.log,
                                      self.micro_batches)  # fmt: skip
@@ -496,7 +499,7 @@ class TrainingRun:
         (None: as saved by an earlier command)."""
         corpus = self.corpora["test"]
         self.log(f"Translating the test split ({len(corpus)} sentences)...")
-        hypotheses = [found[0].text for found in self.translator.hypotheses(corpus.sources)]
+        hypotheses = self.translator.translate(corpus.sources)
         report = score_translations(hypotheses, corpus.targets)
         if corpus.directions:  # a multilingual model: each direction on its own too
             report["directions"] = score_directions(hypotheses, corpus)
