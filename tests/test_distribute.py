@@ -165,10 +165,15 @@ def test_two_workers_finish_with_identical_weights(tmp_path):
 @pytest.mark.slow
 def test_a_killed_worker_and_its_restart_resume_from_the_last_checkpoints(tmp_path):
     cluster = two_workers()
-    # A worker cannot step without the other: the chief stops within a step of the kill.
-    longer = ["--set", "train.epochs=1", "--set", "train.steps_per_epoch=50",
-              "--set", "train.checkpoint_every_steps=10"]  # fmt: skip
-    workers = start_workers(tmp_path, cluster, *longer)
+
+    # A worker cannot step without the other: the chief stops within a step of the kill. The
+    # first run's epoch is too long to end before the kill on any machine; the restart
+    # finishes the epoch at 50 steps (or runs one of 50 if the first went past).
+    def one_epoch(steps):
+        return ["--set", "train.epochs=1", "--set", f"train.steps_per_epoch={steps}",
+                "--set", "train.checkpoint_every_steps=10"]  # fmt: skip
+
+    workers = start_workers(tmp_path, cluster, *one_epoch(1_000_000))
     deadline = time.monotonic() + 240
     while not (tmp_path / "checkpoints" / "ckpt-20.index").exists():
         assert all(w.poll() is None for w in workers) and time.monotonic() < deadline
@@ -180,7 +185,7 @@ def test_a_killed_worker_and_its_restart_resume_from_the_last_checkpoints(tmp_pa
     assert "another worker stopped" in chief_output
     # The killed worker comes back on an empty disk: it resumes from the chief's checkpoint.
     shutil.rmtree(tmp_path / SCRATCH_DIR)
-    outputs = wait_for(start_workers(tmp_path, cluster, *longer))
+    outputs = wait_for(start_workers(tmp_path, cluster, *one_epoch(50)))
     assert re.search(r"Resuming from \S+ckpt-\d+ \(step", outputs[0])
     assert "Resuming from the chief's checkpoint (step" in outputs[1]
     resumed = [re.search(r"Resuming from .*\(step (\d+),", output).group(1) for output in outputs]
