@@ -452,9 +452,12 @@ def test_killed_interrupted_and_terminated_training_resumes_each_time(tmp_path):
     wait_for_checkpoint(tmp_path, 10, process)
     began = time.monotonic()
     wait_for_checkpoint(tmp_path, 30, process)
-    # Waits count steps, not seconds: a fast machine must not reach the end before the last run.
+    # A random moment within about ten steps, but never past the checkpoint of step 50: a
+    # machine that speeds up must not reach the end before the last run.
     step_seconds = (time.monotonic() - began) / 20
-    time.sleep(np.random.default_rng().uniform(0.0, 10 * step_seconds))
+    kill_at = time.monotonic() + np.random.default_rng().uniform(0.0, 10 * step_seconds)
+    while time.monotonic() < kill_at and 50 not in checkpoint_steps(tmp_path):
+        time.sleep(0.01)
     process.kill()
     process.wait()
     for signum in (signal.SIGINT, signal.SIGTERM):
