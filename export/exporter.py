@@ -72,17 +72,18 @@ def model_description(workdirs, model, model_type):
 
 
 def export_onnx(graph, workdir, output, opset, int8=True, log=print, languages=None,
-                description=None):  # fmt: skip
+                description=None, search="beam"):  # fmt: skip
     target = Path(output) / "onnx"
     write_directory_atomically(
         target,
         lambda tmp: write_onnx(
-            graph, tmp, vocabulary_paths(workdir), opset, int8, languages, description
+            graph, tmp, vocabulary_paths(workdir), opset, int8, languages, description, search
         ),  # fmt: skip
     )
     also = " and model.int8.onnx" if int8 else ""
     files = f"vocabularies and {METADATA_FILE}"
-    log(f"ONNX: {target / 'model.onnx'}{also} (opset {opset}), with {files}")
+    searching = "" if search == "beam" else f", {search} search"
+    log(f"ONNX: {target / 'model.onnx'}{also} (opset {opset}{searching}), with {files}")
     return target
 
 
@@ -153,6 +154,7 @@ def export_model(
                     graph, workdir, output, settings["onnx_opset"], settings["onnx_int8"], log,
                     multilingual.model_languages(config["data"]),
                     model_description([workdir, *ensemble], model, config["model"]["type"]),
+                    settings["onnx_search"],
                 )  # fmt: skip
             if "ctranslate2" in formats:
                 paths["ctranslate2"] = export_ctranslate2(

@@ -23,7 +23,7 @@ import tf2onnx
 from export.onnx_rewrites import optimise_loops
 from export.signature import METADATA_FILE, TARGET_PREFIX
 from pipeline.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from pipeline.decoding.search_options import EXPORTED_OPTIONS
+from pipeline.decoding.search_options import OPTIONS_BY_NAME
 
 MODEL_FILE = "model.onnx"
 INT8_MODEL_FILE = "model.int8.onnx"
@@ -33,7 +33,7 @@ FORMAT_VERSION = 1
 def _add_input_defaults(model, defaults):
     """Gives each search option and the target prefix (none) an initializer: ONNX Runtime
     then treats them as optional."""
-    for option in EXPORTED_OPTIONS:
+    for option in map(OPTIONS_BY_NAME.get, defaults):
         array = np.array(defaults[option.name], dtype=option.dtype)
         model.graph.initializer.append(onnx.numpy_helper.from_array(array, option.name))
     no_prefix = np.zeros((0, 0), np.int32)
@@ -82,14 +82,18 @@ def convert_to_onnx(function, opset):
 
 
 def write_onnx(graph, directory, vocabulary_paths, opset, int8=True, languages=None,
-               description=None):  # fmt: skip
-    """Converts `graph.beam_search` (a `TranslationGraph`) into `directory`, with its int8
-    twin if `int8`; `languages`: {"source": code, "target": code}, the sides known;
-    `description`: {"name", "type", "parameters"} of the model, for runtimes to show."""
-    model = convert_to_onnx(graph.beam_search, opset)
+               description=None, search="beam"):  # fmt: skip
+    """Converts `graph.beam_search` (a `TranslationGraph`), or with `search` "greedy" its
+    `greedy_search()`, into `directory`, with its int8 twin if `int8`; `languages`: {"source":
+    code, "target": code}, the sides known; `description`: {"name", "type", "parameters"} of
+    the model, for runtimes to show."""
+    greedy = search == "greedy"
+    function = graph.greedy_search() if greedy else graph.beam_search
+    defaults = graph.greedy_defaults if greedy else graph.defaults
+    model = convert_to_onnx(function, opset)
     optimise_loops(model.graph)
-    _add_input_defaults(model, graph.defaults)
-    model.doc_string = "Attentional encoder-decoder with beam search (seq2seq-tf)"
+    _add_input_defaults(model, defaults)
+    model.doc_string = f"Attentional encoder-decoder with {search} search (seq2seq-tf)"
     onnx.checker.check_model(model)
     onnx.save(model, str(directory / MODEL_FILE))
     if int8:
@@ -107,8 +111,9 @@ def write_onnx(graph, directory, vocabulary_paths, opset, int8=True, languages=N
         "languages": languages or {},
         "description": description or {},
         "special_ids": {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID},
-        "defaults": graph.defaults,
-        "option_dtypes": {option.name: option.dtype for option in EXPORTED_OPTIONS},
+        "search": search,
+        "defaults": defaults,
+        "option_dtypes": {name: OPTIONS_BY_NAME[name].dtype for name in defaults},
         "max_source_length": graph.max_source_length,
         "max_length_cap": graph.max_length_cap,
         "inputs": [node.name for node in model.graph.input],

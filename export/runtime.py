@@ -186,6 +186,8 @@ class OnnxTranslator:
             feeds[TARGET_PREFIX] = self._id_matrix(TARGET_PREFIX, target_prefix, self.target)
         given = {name: value for name, value in options.items() if value is not None}
         option_dtypes(given)  # a TypeError for a name that is no exported option
+        if self.metadata.get("search") == "greedy":
+            given = self._greedy_options(given)
         defaults = self.metadata.get("defaults", {})
         if "n_best" in given and "beam_size" not in given and "beam_size" in defaults:
             # As `SearchOptions.with_overrides`: a default beam narrower than n_best widens.
@@ -201,6 +203,18 @@ class OnnxTranslator:
         feeds.update({name: np.asarray(given[name], dtype=dtype)
                       for name, dtype in option_dtypes(given).items()})  # fmt: skip
         return feeds
+
+    def _greedy_options(self, given):
+        """`given` without what a greedy search is (beam_size and n_best 1) or ignores (the
+        length penalty); `ValueError` for an option the greedy export does not take."""
+        inputs = self.metadata["inputs"]
+        for name, value in given.items():
+            ignored = name == "length_penalty" or (name in ("beam_size", "n_best") and value == 1)
+            if name not in inputs and not ignored:
+                raise ValueError(f"{self.directory}: this export has the greedy search alone "
+                                 f"(export.onnx_search: greedy) and takes no {name} ({value}); "
+                                 "export with export.onnx_search: beam for it")  # fmt: skip
+        return {name: value for name, value in given.items() if name in inputs}
 
     @staticmethod
     def _id_matrix(name, ids, vocabulary):

@@ -7,6 +7,7 @@ Search runs on the model's step function (`pipeline.decoding.search`), as it doe
 """
 
 import dataclasses
+import functools
 import inspect
 
 import tensorflow as tf
@@ -29,26 +30,25 @@ from pipeline.data.tokenizer import PAD_ID, UNK_ID
 from pipeline.decoding.search import search as run_search
 from pipeline.decoding.search_options import (
     EXPORTED_OPTIONS,
+    GREEDY_EXPORTED_OPTIONS,
+    OPTIONS_BY_NAME,
     SearchOptions,
     exported_defaults,
 )
 
 
-def _search_signature(search, defaults):
+def _search_signature(search, defaults, options=EXPORTED_OPTIONS):
     """`search(source_ids, target_prefix, **options)` as a `tf.function` whose inputs are
-    `SOURCE_IDS`, `TARGET_PREFIX` (default: none) and the `EXPORTED_OPTIONS`, each with its
-    default (a tensor default becomes the SignatureDef's default, so that a request may leave
-    the input out)."""
+    `SOURCE_IDS`, `TARGET_PREFIX` (default: none) and `options`, each with its default (a
+    tensor default becomes the SignatureDef's default, so that a request may leave the input
+    out)."""
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
     signature = inspect.Signature(
         [
             inspect.Parameter(SOURCE_IDS, kind),
             inspect.Parameter(TARGET_PREFIX, kind, default=tf.zeros([0, 0], tf.int32)),
         ]
-        + [
-            inspect.Parameter(o.name, kind, default=tf.constant(defaults[o.name]))
-            for o in EXPORTED_OPTIONS
-        ]
+        + [inspect.Parameter(o.name, kind, default=tf.constant(defaults[o.name])) for o in options]
     )
 
     def search_with_options(*args, **kwargs):
@@ -60,7 +60,7 @@ def _search_signature(search, defaults):
     input_signature = [
         tf.TensorSpec([None, None], tf.int32, name=SOURCE_IDS),
         tf.TensorSpec([None, None], tf.int32, name=TARGET_PREFIX),
-    ] + [tf.TensorSpec([], o.dtype, name=o.name) for o in EXPORTED_OPTIONS]
+    ] + [tf.TensorSpec([], o.dtype, name=o.name) for o in options]
     return tf.function(search_with_options, input_signature=input_signature)
 
 
@@ -94,6 +94,11 @@ class TranslationGraph(tf.Module):
     is asked), so that its translation does not depend on the rest of the batch; `width` is the
     batch's longest limit. Sources are cut at `decode.max_source_length`; ids outside the
     vocabulary read as <unk>; an all-padding source gives ids all 0, length 0 and score 0.
+
+    `greedy_search()` (ONNX only, `export.onnx_search: greedy`): `beam_search` with the greedy
+    search alone, whose loop is a fraction of the beam search's; its inputs are the source ids,
+    the prefix and `GREEDY_EXPORTED_OPTIONS`, the other options as configured, and its
+    outputs are `beam_search`'s with n = 1.
 
     `beam_search` takes an optional `target_prefix` (`export.signature.TARGET_PREFIX`), and
     `translate_with_prefix` is `translate` with a text prefix per sentence: what each
@@ -136,16 +141,24 @@ class TranslationGraph(tf.Module):
                 value = tf.minimum(value, tf.cast(maximum, option.dtype))
             return value
 
-        def search(source_ids, target_prefix, **options):
+        def search(source_ids, target_prefix, base=configured, **options):
             # Requests are untrusted: ids outside the vocabulary read as <unk>, long sources
             # and prefixes are cut, and each option is clipped to its declared range.
             source_ids = within_vocabulary(source_ids, source_vocab_size)[:, :max_source_length]
             target_prefix = within_vocabulary(target_prefix, target_vocab_size)[:, : cap - 1]
-            options = dataclasses.replace(configured, **{
-                o.name: within_range(o, options[o.name]) for o in EXPORTED_OPTIONS
+            options = dataclasses.replace(base, **{
+                name: within_range(OPTIONS_BY_NAME[name], value)
+                for name, value in options.items()
             })  # fmt: skip
             outputs = run_search(model, source_ids, options, target_prefix)
             return dict(zip(SEARCH_OUTPUTS, outputs))
+
+        # Python ints, not inputs: the search that `run_search` picks is the greedy one.
+        greedy = dataclasses.replace(configured, beam_size=1, n_best=1)
+        self.greedy_defaults = exported_defaults(decode, GREEDY_EXPORTED_OPTIONS)
+        self.greedy_search = lambda: _search_signature(
+            functools.partial(search, base=greedy), self.greedy_defaults, GREEDY_EXPORTED_OPTIONS
+        )
 
         def translate_text(sentences, target_prefix):
             pieces = self.source_tokenizer.tokenize(sentences)[:, :max_source_length]

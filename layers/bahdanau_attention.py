@@ -46,13 +46,16 @@ class BahdanauAttention(SourceAttention):
     def precompute(self, memory):
         return (self.key_projection(memory), memory)
 
+    def project_query(self, query):
+        return self.query_projection(query)
+
     def score(self, query, memory_cache):
         keys = memory_cache[0]
         v, bias = self.v, None
         if self.normalize:
             v = self.g * v / ops.sqrt(ops.sum(ops.square(v)))
             bias = self.b
-        return additive_score(self.query_projection(query), keys, v, bias)
+        return additive_score(query, keys, v, bias)
 
     def get_config(self):
         config = super().get_config()

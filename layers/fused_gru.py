@@ -6,6 +6,20 @@ import tensorflow as tf
 from layers.fused_recurrent import FusedRecurrence
 
 
+def gru_cell(x, h, recurrent_kernel, recurrent_bias):
+    """One GRU step (Keras' `reset_after` form) from x_t W + b_x `[batch, 3 * units]` and the
+    previous state: the new state, and the gates z, r, the candidate n and h_{t-1} R_n + b_n
+    that its gradient needs."""
+    units = recurrent_kernel.shape[0]
+    x_zr, x_n = tf.split(x, [2 * units, units], axis=-1)
+    h_zr, h_n = tf.split(
+        tf.matmul(h, recurrent_kernel) + recurrent_bias, [2 * units, units], axis=-1
+    )
+    zr = tf.sigmoid(x_zr + h_zr)
+    n = tf.tanh(x_n + zr[:, units:] * h_n)
+    return n + zr[:, :units] * (h - n), zr, n, h_n
+
+
 def gru_recurrence(gate_inputs, initial_state, mask, recurrent_kernel, recurrent_bias):
     """The GRU recurrence (Keras' `reset_after` form) with a hand-written backward loop.
 
@@ -35,13 +49,7 @@ def gru_recurrence(gate_inputs, initial_state, mask, recurrent_kernel, recurrent
         arrays = [tf.TensorArray(gate_inputs.dtype, size=length) for _ in range(4)]
 
         def step(t, h, states, gates, candidates, recurrent_n):
-            x_zr, x_n = tf.split(gate_inputs[t], [2 * units, units], axis=-1)
-            h_zr, h_n = tf.split(
-                tf.matmul(h, recurrent_kernel) + recurrent_bias, [2 * units, units], axis=-1
-            )
-            zr = tf.sigmoid(x_zr + h_zr)
-            n = tf.tanh(x_n + zr[:, units:] * h_n)
-            new_h = n + zr[:, :units] * (h - n)
+            new_h, zr, n, h_n = gru_cell(gate_inputs[t], h, recurrent_kernel, recurrent_bias)
             if mask is not None:
                 new_h = tf.where(mask[t], new_h, h)
             return (
@@ -111,6 +119,10 @@ class FusedGRU(FusedRecurrence, keras.layers.GRU):
     @staticmethod
     def split_bias(bias):
         return bias[0], bias[1]
+
+    @staticmethod
+    def step(x, states, recurrent_kernel, recurrent_bias):
+        return [gru_cell(x, states[0], recurrent_kernel, recurrent_bias)[0]]
 
     @staticmethod
     def recurrence(gate_inputs, initial_states, time_mask, recurrent_kernel, recurrent_bias):

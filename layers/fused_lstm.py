@@ -129,6 +129,12 @@ class FusedLSTM(FusedRecurrence, keras.layers.LSTM):
         return bias, 0
 
     @staticmethod
+    def step(x, states, recurrent_kernel, recurrent_bias):
+        h, c = states
+        new_h, new_c, _ = lstm_cell(x + tf.matmul(h, recurrent_kernel), c)
+        return [new_h, new_c]
+
+    @staticmethod
     def recurrence(gate_inputs, initial_states, time_mask, recurrent_kernel, recurrent_bias):
         initial_h, initial_c = initial_states
         hs, cs = lstm_recurrence(gate_inputs, initial_h, initial_c, time_mask, recurrent_kernel)

@@ -19,16 +19,39 @@ def has_default_gates(cell):
     )
 
 
+def states_over_time(step, gate_inputs, initial_states, mask):
+    """A recurrence forward only, keeping nothing for a gradient: `step(gate_input_t, states)`
+    -> the new states at each time (a masked step keeps them). Returns the first state after
+    each step, `[time, batch, units]`, and the final states."""
+    length = tf.shape(gate_inputs)[0]
+
+    # tf.gather, not x[t]: a strided slice by a tensor converts to a dozen ONNX nodes.
+    def body(t, states, outputs):
+        new_states = step(tf.gather(gate_inputs, t), states)
+        if mask is not None:
+            kept = tf.gather(mask, t)
+            new_states = [tf.where(kept, new, old) for new, old in zip(new_states, states)]
+        return t + 1, new_states, outputs.write(t, new_states[0])
+
+    outputs = tf.TensorArray(gate_inputs.dtype, size=length)
+    _, final_states, outputs = tf.while_loop(
+        lambda t, *_: t < length, body, (0, list(initial_states), outputs)
+    )
+    return outputs.stack(), final_states
+
+
 class FusedRecurrence:
-    """Mixin for a Keras recurrent layer whose training pass runs a hand-differentiated
-    recurrence: in training, without a GPU (where Keras runs cuDNN), in the default gate form
-    (`has_default_gates`), the input projection of every step is one matrix product before the
-    loop and the loop is the subclass's `recurrence`. Everywhere else (inference, validation,
-    the exports) the layer is Keras' own, so exported graphs do not change.
+    """Mixin for a Keras recurrent layer that runs its recurrence with the input projection of
+    every step as one matrix product before the loop, without a GPU (where Keras runs cuDNN)
+    and in the default gate form (`has_default_gates`): in training, the loop is the
+    subclass's hand-differentiated `recurrence`; elsewhere (inference, validation, the
+    exports) it is `states_over_time` of the subclass's `step`, a loop of fewer operations
+    than Keras' (each one a node at every step of an exported graph).
 
     Subclasses define `recurrence(gate_inputs, initial_states, time_mask, recurrent_kernel,
-    recurrent_bias)` returning the outputs `[time, batch, units]` and the final states, and
-    `split_bias(bias)` returning the input and recurrent biases."""
+    recurrent_bias)` returning the outputs `[time, batch, units]` and the final states,
+    `step(x, states, recurrent_kernel, recurrent_bias)` returning one step's new states from
+    x_t W + b, and `split_bias(bias)` returning the input and recurrent biases."""
 
     def _fused_applies(self):
         return (
@@ -39,7 +62,7 @@ class FusedRecurrence:
         )
 
     def inner_loop(self, sequences, initial_state, mask, training=False):
-        if not (training and self._fused_applies()):
+        if not self._fused_applies():
             return super().inner_loop(sequences, initial_state, mask, training=training)
         initial_states = tree.flatten(initial_state)
         if tree.is_nested(mask):
@@ -57,9 +80,15 @@ class FusedRecurrence:
         if self.go_backwards:
             gate_inputs = tf.reverse(gate_inputs, [0])
             time_mask = None if time_mask is None else tf.reverse(time_mask, [0])
-        states, final_states = self.recurrence(
-            gate_inputs, initial_states, time_mask, recurrent_kernel, recurrent_bias
-        )
+        if training:
+            states, final_states = self.recurrence(
+                gate_inputs, initial_states, time_mask, recurrent_kernel, recurrent_bias
+            )
+        else:
+            states, final_states = states_over_time(
+                lambda x, states: self.step(x, states, recurrent_kernel, recurrent_bias),
+                gate_inputs, initial_states, time_mask,
+            )  # fmt: skip
         outputs = states
         if time_mask is not None:
             # Keras' outputs at masked steps: zeros, or the last unmasked step's output (zeros

@@ -77,10 +77,13 @@ class LuongAttention(SourceAttention):
         # batched matmul, with no transpose of the keys per step (a per-step copy in ONNX).
         return (ops.transpose(keys, (0, 2, 1)), memory)
 
+    def project_query(self, query):
+        return self.query_projection(query) if self.score_name == "concat" else query
+
     def score(self, query, memory_cache):
         keys = memory_cache[0]
         if self.score_name == "concat":
-            scores = additive_score(self.query_projection(query), keys, self.v)
+            scores = additive_score(query, keys, self.v)
         else:
             scores = ops.matmul(query, ops.cast(keys, query.dtype))
         if self.scale:

@@ -70,11 +70,12 @@ class ScaledDotProductAttention(SourceAttention):
         # Keys as [batch, depth, src_len]: no transpose at each decoding step.
         return (ops.transpose(keys, (0, 2, 1)), values)
 
-    def score(self, query, memory_cache):
+    def project_query(self, query):
         if self.projection_dim is not None:
             query = self.query_projection(query)
-        if self.qk_norm:
-            query = self.query_norm(query)
+        return self.query_norm(query) if self.qk_norm else query
+
+    def score(self, query, memory_cache):
         keys = ops.cast(memory_cache[0], query.dtype)
         return ops.matmul(query, keys) / math.sqrt(self.depth)
 

@@ -30,11 +30,14 @@ class SourceAttention(keras.layers.Layer):
 
     Call as `context, weights = attention(query, memory, memory_mask=None)`.
 
-    Subclasses define two things:
+    Subclasses define:
     - `precompute(memory)`: everything that depends on the memory alone (the key projection,
       the value projection), returned as a tuple of `[batch, src_len, ...]` tensors. The decoder
       computes it once per source and reuses it at every step; search reorders it by beam.
-    - `score(query, memory_cache)`: scores `[batch, tgt_len, src_len]` for a rank-3 query.
+    - `project_query(query)` (optional): what depends on the query alone (its projection),
+      for a rank-2 or rank-3 query; the identity by default.
+    - `score(query, memory_cache)`: scores `[batch, tgt_len, src_len]` for a rank-3 query
+      that `project_query` has made.
     Layers whose weights are not one softmax over scores (several heads) override `attend`.
 
     Args (of `call`):
@@ -59,12 +62,18 @@ class SourceAttention(keras.layers.Layer):
         """The tensors that depend only on the memory: `(keys, values)` by default."""
         return (memory, memory)
 
+    def project_query(self, query):
+        return query
+
     def score(self, query, memory_cache):
         raise NotImplementedError
 
     def attend(self, query, memory_cache, memory_mask=None):
         """Attention from `query` (rank 2 or 3) using a cache returned by `precompute`."""
         single_step = len(query.shape) == 2
+        # Projected before a step's queries are grouped: a rank-2 product is one plain matrix
+        # product where a rank-3 one is a reshape around it (nodes at every step in ONNX).
+        query = self.project_query(query)
         if single_step:
             query = group_step_queries(query, memory_cache)
         scores = self.score(query, memory_cache)

@@ -33,6 +33,8 @@ STOPPING_METRICS = ("loss", "bleu", "chrf")  # see pipeline.training.callbacks.E
 SCHEDULE_KINDS = ("constant", "inverse_sqrt", "exponential")  # see pipeline.training.schedules
 EXPORT_FORMATS = ("saved_model", "onnx", "ctranslate2")
 DEFAULT_EXPORT_FORMATS = ("saved_model", "onnx")
+# The search inside an ONNX export: the beam search, its options inputs, or the greedy alone.
+ONNX_SEARCHES = ("beam", "greedy")
 # CTranslate2's weight types (`spec.optimize(quantization=...)`); none keeps float32.
 CTRANSLATE2_QUANTIZATIONS = (
     "none", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
@@ -263,6 +265,9 @@ SCHEMA = {
         "onnx_opset": Field(int, 17, "the ONNX export's opset", minimum=13, maximum=18),
         "onnx_int8": Field(bool, True, "also write onnx/model.int8.onnx, with int8 weights in "
                            "every matrix product"),
+        "onnx_search": Field(str, "beam", "the ONNX model's search: beam (options as inputs) "
+                             "or greedy (alone, far fewer nodes; needs decode.beam_size 1)",
+                             choices=ONNX_SEARCHES),
         "ctranslate2_quantization": Field(str, "none", "the CTranslate2 export's weight type "
                                           "(none: float32)",
                                           choices=CTRANSLATE2_QUANTIZATIONS),
@@ -486,6 +491,12 @@ def _check_training_settings(config, where):
     MODEL_TYPES[model["type"]].check(config, where)
     formats = parse_export_formats(config["export"]["formats"], f"{where}: export.formats")
     check_formats_fit_model(formats, model["type"], f"{where}: export.formats")
+    if config["export"]["onnx_search"] == "greedy" and config["decode"]["beam_size"] != 1:
+        raise UserError(
+            f"{where}: export.onnx_search: greedy exports the greedy search alone, but "
+            f"decode.beam_size is {config['decode']['beam_size']}; set decode.beam_size: 1 or "
+            "export.onnx_search: beam"
+        )
     if data["shared_vocabulary"] and data["source_vocab_size"] != data["target_vocab_size"]:
         raise UserError(
             f"{where}: data.shared_vocabulary needs data.source_vocab_size "

@@ -115,6 +115,12 @@ def test_paths_resolve_against_the_config_file(tmp_path):
             MINIMAL + "train:\n  time_budget_hours: 2\ndistribute:\n  strategy: multi_worker\n",
             "train.time_budget_hours needs a single-process strategy",
         ),
+        (
+            MINIMAL + "export:\n  onnx_search: greedy\n",
+            "export.onnx_search: greedy exports the greedy search alone, but decode.beam_size "
+            "is 5",
+        ),
+        (MINIMAL + "export:\n  onnx_search: sample\n", "export.onnx_search must be one of"),
     ],
 )
 def test_bad_configs_name_the_key_and_the_file(tmp_path, text, message):

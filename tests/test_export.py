@@ -291,6 +291,51 @@ def test_onnx_loops_carry_only_what_changes_and_hold_their_weights(out):
     assert all(set(node.input) & outer <= read_outside for node in inner_products)
 
 
+def loop_nodes(model):
+    """Nodes a step of each loop body runs, by body (nested loops apart)."""
+    return [len(graph.node) for graph in list(subgraphs(model.graph))[1:]]
+
+
+def test_a_greedy_onnx_export_searches_as_keras_in_a_smaller_loop(workdir, out, tmp_path):
+    config, model, source_tokenizer, target_tokenizer = load_trained(workdir)
+    decode = {**config["decode"], "beam_size": 1}
+    graph = TranslationGraph(
+        model, source_tokenizer.model_proto, target_tokenizer.model_proto, decode
+    )
+    onnx_dir = export_onnx(graph, workdir, tmp_path, 17, int8=False, search="greedy")
+    metadata = json.loads((onnx_dir / "model.json").read_text())
+    assert metadata["search"] == "greedy"
+    assert metadata["inputs"] == ["source_ids", "target_prefix", "max_length"]
+    assert metadata["defaults"] == {"max_length": 0}
+    # Its decoding loop runs a fraction of the beam search's nodes a step.
+    greedy_loops = loop_nodes(onnx.load(str(onnx_dir / "model.onnx")))
+    beam_loops = loop_nodes(onnx.load(str(out / "onnx" / "model.onnx")))
+    assert max(greedy_loops) < max(beam_loops) / 2
+    translator = OnnxTranslator(onnx_dir)
+    sentences = real_sentences(30) + [""]
+    source_ids = padded_ids(workdir, sentences)
+    limits = decode_length_limits(
+        tf.constant(source_ids), PAD_ID, decode["max_length_ratio"],
+        decode["max_length_offset"], decode["max_length_cap"],
+    )  # fmt: skip
+    ids, lengths, scores, attention = greedy_search(model, tf.constant(source_ids), limits)
+    actual = translator.search(source_ids, beam_size=1, n_best=1, length_penalty=0.6)
+    width = actual["ids"].shape[2]
+    np.testing.assert_array_equal(actual["ids"][:-1, 0], ids.numpy()[:-1, :width])
+    np.testing.assert_array_equal(actual["lengths"][:-1, 0], lengths.numpy()[:-1])
+    np.testing.assert_allclose(actual["scores"][:-1, 0], scores.numpy()[:-1], atol=1e-4)
+    np.testing.assert_allclose(
+        actual["attention"][:-1, 0], attention.numpy()[:-1, :width], atol=1e-4
+    )
+    assert actual["lengths"][-1, 0] == 0  # the empty sentence
+    # A sentence alone gets what it gets in the batch; max_length stays an input.
+    assert translator.translate(sentences[3:4]) == translator.translate(sentences)[3:4]
+    short = translator.search(source_ids[:4], max_length=3)
+    assert short["ids"].shape[2] == 3 and (short["lengths"] <= 3).all()
+    with pytest.raises(ValueError, match="greedy search alone .* takes no beam_size \\(5\\)"):
+        translator.translate(sentences[:2], beam_size=5)
+
+
 def test_onnx_gives_the_saved_models_ids_on_hundreds_of_inputs(workdir, loaded, onnx_session):
     rng = np.random.default_rng(7)
     batches = []

@@ -1,5 +1,5 @@
 """FusedGRU and FusedLSTM: the same outputs, states and gradients as Keras' GRU and LSTM, in
-training and inference."""
+training and inference (in a loop of fewer operations)."""
 
 import keras
 import numpy as np
@@ -79,19 +79,32 @@ def test_training_pass_in_a_compiled_function_equals_keras(rng, kind):
         np.testing.assert_allclose(a, e, atol=2e-5)
 
 
-def test_inference_is_keras_itself(rng, kind):
-    """Outside training a fused layer runs Keras' own loop, so exported graphs are Keras'."""
-    keras_layer, fused = twin_layers(rng, kind)
+@pytest.mark.parametrize("go_backwards", [False, True])
+@pytest.mark.parametrize("masked", [False, True])
+def test_inference_equals_keras_in_a_loop_of_fewer_operations(rng, kind, go_backwards, masked):
+    """Outside training the loop is `states_over_time`: Keras' outputs and states, with the
+    input projection before the loop and no custom gradient."""
+    keras_layer, fused = twin_layers(rng, kind, go_backwards=go_backwards)
     x = rng.normal(size=(BATCH, LENGTH, FEATURES)).astype("float32")
-    mask = np.arange(LENGTH)[None] < LENGTHS[:, None]
-    graph = (
-        tf.function(lambda x: fused(x, mask=mask))
-        .get_concrete_function(tf.TensorSpec((None, None, FEATURES)))
-        .graph
-    )
-    assert not any(op.type == "IdentityN" for op in graph.get_operations())  # no custom gradient
+    mask = np.arange(LENGTH)[None] < LENGTHS[:, None] if masked else None
     for a, e in zip(fused(x, mask=mask), keras_layer(x, mask=mask), strict=True):
-        np.testing.assert_array_equal(a, e)
+        np.testing.assert_allclose(a, e, atol=1e-5)
+
+    def loop_operations(layer):
+        graph = (
+            tf.function(lambda x: layer(x, mask=mask))
+            .get_concrete_function(tf.TensorSpec((None, None, FEATURES)))
+            .graph
+        )
+        assert not any(op.type == "IdentityN" for op in graph.get_operations())
+        (loop,) = [op for op in graph.get_operations() if op.type in ("While", "StatelessWhile")]
+        body = graph._functions[loop.get_attr("body").name].graph  # noqa: SLF001
+        return [op.type for op in body.get_operations()]
+
+    fused_loop, keras_loop = loop_operations(fused), loop_operations(keras_layer)
+    # One matrix product a step (the recurrent one) where Keras' loop has two.
+    assert (fused_loop.count("MatMul"), keras_loop.count("MatMul")) == (1, 2)
+    assert len(fused_loop) < len(keras_loop)
 
 
 def test_mixed_precision_training_pass_is_close_to_float32(rng, kind):

@@ -86,6 +86,11 @@ async function translate({ metadata, session, source, target }, sentences, optio
   // Each option's dtype is in model.json (declared once, in export/signature.py).
   for (const [name, value] of Object.entries(options)) {
     const dtype = metadata.option_dtypes[name];
+    if (dtype === undefined) {
+      // A greedy export (export.onnx_search: greedy) takes no beam options.
+      if (name === "beam_size" && value === 1) continue;
+      throw new Error(`this export has the ${metadata.search} search alone and takes no ${name}`);
+    }
     const data = dtype === "float32" ? Float32Array.from([value]) : Int32Array.from([value]);
     feeds[name] = new ort.Tensor(dtype, data, []);
   }

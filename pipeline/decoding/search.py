@@ -209,20 +209,27 @@ def _sequential_search(
     blocking = ngram_blocking(no_repeat)
     encoded = model.encode(source_ids)
     state = model.initial_decoder_state(encoded)
-    ids = tf.fill([batch, width], tf.constant(model.pad_id, tf.int32))
-    attention = tf.zeros([batch, width, tf.shape(source_ids)[1]], tf.float32)
+    src_len = tf.shape(source_ids)[1]
+    # One column a step, written at the loop's counter and stacked after it: an ONNX Loop's
+    # scan outputs, which cost no node a step (a scatter into a full-width buffer costs
+    # many). The n-gram blocking reads the tokens so far from a buffer of its own.
+    columns = tf.TensorArray(tf.int32, size=0, dynamic_size=True, element_shape=[None])
+    attention_columns = tf.TensorArray(
+        tf.float32, size=0, dynamic_size=True, element_shape=[None, None]
+    )
+    history = () if blocking is None else tf.fill([batch, width], model.pad_id)
     finished = tf.zeros([batch], tf.bool)
     scores = tf.zeros([batch], tf.float32)
     tokens = tf.fill([batch], tf.constant(model.bos_id, tf.int32))
 
-    def not_done(t, tokens, state, ids, attention, finished, scores):
+    def not_done(t, tokens, state, columns, attention_columns, history, finished, scores):
         return tf.logical_and(t < width, tf.logical_not(tf.reduce_all(finished)))
 
-    def step(t, tokens, state, ids, attention, finished, scores):
+    def step(t, tokens, state, columns, attention_columns, history, finished, scores):
         logits, state, weights = model.decode_step(tokens, state, encoded, t)
         logits = _suppress_eos(tf.cast(logits, tf.float32), model.eos_id, t, min_length)
         model_log_probs = tf.nn.log_softmax(logits)
-        chosen = choose(_block_repeated_ngrams(model_log_probs, ids, t, blocking), t)
+        chosen = choose(_block_repeated_ngrams(model_log_probs, history, t, blocking), t)
         if prefix is not None:
             forced = tf.gather(prefix, t, axis=1)
             chosen = tf.where(tf.not_equal(forced, model.pad_id), forced, chosen)
@@ -230,20 +237,39 @@ def _sequential_search(
         # A forced token scores as the model has it, as in beam search (`_force`).
         chosen_log_prob = tf.gather(model_log_probs, chosen, batch_dims=1)
         scores += tf.where(finished, 0.0, chosen_log_prob)
-        ids = _write_column(ids, t, tokens, axis=1)
-        if weights is not None:
-            weights = tf.where(finished[:, None], 0.0, tf.cast(weights, tf.float32))
-            attention = _write_column(attention, t, weights, axis=1)
+        columns = columns.write(t, tokens)
+        if blocking is not None:
+            history = _write_column(history, t, tokens, axis=1)
+        if weights is None:
+            weights = tf.zeros([batch, src_len], tf.float32)
+        weights = tf.where(finished[:, None], 0.0, tf.cast(weights, tf.float32))
+        attention_columns = attention_columns.write(t, weights)
         at_limit = t + 1 >= limits
         finished = tf.logical_or(finished, tf.logical_or(tf.equal(tokens, model.eos_id), at_limit))
-        return t + 1, tokens, state, ids, attention, finished, scores
+        return t + 1, tokens, state, columns, attention_columns, history, finished, scores
 
-    loop_vars = (tf.constant(0), tokens, state, ids, attention, finished, scores)
-    shapes = tf.nest.map_structure(lambda x: x.shape, loop_vars)
+    loop_vars = (
+        tf.constant(0),
+        tokens,
+        state,
+        columns,
+        attention_columns,
+        history,
+        finished,
+        scores,
+    )
+    shapes = tf.nest.map_structure(
+        lambda x: x.shape if isinstance(x, tf.Tensor) else tf.TensorShape(None), loop_vars
+    )
     shapes = (*shapes[:2], _any_shape(state), *shapes[3:])  # the state may grow
-    _, _, _, ids, attention, _, scores = tf.while_loop(
+    steps, _, _, columns, attention_columns, _, _, scores = tf.while_loop(
         not_done, step, loop_vars, shape_invariants=shapes
     )
+    # [steps, batch, ...] to [batch, width, ...], padded (a reshape gives no steps a shape).
+    ids = tf.transpose(tf.reshape(columns.stack(), [steps, batch]))
+    ids = tf.pad(ids, [[0, 0], [0, width - steps]], constant_values=model.pad_id)
+    attention = tf.reshape(attention_columns.stack(), [steps, batch, src_len])
+    attention = tf.pad(tf.transpose(attention, [1, 0, 2]), [[0, 0], [0, width - steps], [0, 0]])
     lengths = tf.reduce_sum(tf.cast(tf.not_equal(ids, model.pad_id), tf.int32), axis=1)
     return ids, lengths, scores, attention
 

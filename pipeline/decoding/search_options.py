@@ -34,6 +34,7 @@ class SearchOption:
     nullable: bool = False
     configured: bool = False  # a key of the config's decode section: each model's default
     exported: bool = False  # a scalar input of the exported beam_search signature
+    greedy_exported: bool = False  # also one of a greedy ONNX export (export.onnx_search)
     request_maximum: float | None = None  # an exported graph clips a request above it
 
     @property
@@ -85,7 +86,7 @@ SEARCH_OPTIONS = (
                  "hypothesis; 0: off", minimum=0, configured=True, exported=True),
     SearchOption("max_length", int, 0, "the most tokens of each translation (within "
                  "max_length_cap); 0: max_length_ratio x its source length + "
-                 "max_length_offset", minimum=0, exported=True),
+                 "max_length_offset", minimum=0, exported=True, greedy_exported=True),
     SearchOption("max_length_ratio", float, 1.5, "a translation's length limit per source "
                  "token", minimum=0.0, configured=True),
     SearchOption("max_length_offset", int, 10, "tokens added to max_length_ratio x the "
@@ -107,6 +108,7 @@ SEARCH_OPTIONS = (
 OPTIONS_BY_NAME = {option.name: option for option in SEARCH_OPTIONS}
 CONFIGURED_OPTIONS = tuple(option for option in SEARCH_OPTIONS if option.configured)
 EXPORTED_OPTIONS = tuple(option for option in SEARCH_OPTIONS if option.exported)
+GREEDY_EXPORTED_OPTIONS = tuple(option for option in SEARCH_OPTIONS if option.greedy_exported)
 
 
 def check_values(values, name_of=lambda option: option.name):
@@ -164,12 +166,9 @@ SearchOptions = dataclasses.make_dataclass(
 )
 
 
-def exported_defaults(decode_config):
+def exported_defaults(decode_config, options=EXPORTED_OPTIONS):
     """{exported option: its default} for a model's decode configuration."""
-    return {
-        o.name: o.kind(decode_config[o.name] if o.configured else o.default)
-        for o in EXPORTED_OPTIONS
-    }
+    return {o.name: o.kind(decode_config[o.name] if o.configured else o.default) for o in options}
 
 
 def add_search_arguments(parser, exclude=()):

@@ -164,8 +164,10 @@ async function start() {
     `${seconds} s · WebAssembly, ${threads} thread${threads === 1 ? "" : "s"}`;
   if (translator.languages.length > 0) showLanguageMenu(translator.languages);
   else showLanguages(metadata.languages ?? {});
-  element("beam-size").value = metadata.defaults.beam_size;
-  element("length-penalty").value = metadata.defaults.length_penalty;
+  // A greedy export has no beam options: the fields show what its search is, fixed.
+  element("beam-size").value = metadata.defaults.beam_size ?? 1;
+  element("length-penalty").value = metadata.defaults.length_penalty ?? 0;
+  element("beam-size").disabled = element("length-penalty").disabled = translator.greedy;
   element("source").disabled = false;
   element("translate").disabled = false;
   setStatus(modelDescription, "ready");

@@ -104,6 +104,11 @@ export class Translator {
     return `${what}${this.modelFile}, ${megabytes} MB`;
   }
 
+  // Whether the model has the greedy search alone (export.onnx_search: greedy), no beam.
+  get greedy() {
+    return this.metadata.search === "greedy";
+  }
+
   // The languages a multilingual model translates into ([] for a bilingual one), each with
   // the tag that asks for it (model.json).
   get languages() {
@@ -142,13 +147,16 @@ export class Translator {
       hypotheses: [],
     };
     if (sourceIds.length === 0) return result;
-    // Every search option is an input the page must give (see onnx-protobuf.mjs).
-    const options = {
-      ...this.metadata.defaults,
-      beam_size: beamSize,
-      n_best: beamSize,
-      length_penalty: lengthPenalty,
-    };
+    // Every search option of the model is an input the page must give (see
+    // onnx-protobuf.mjs); a greedy export (export.onnx_search: greedy) has no beam options.
+    if (this.greedy && beamSize !== 1) {
+      throw new Error("This model has the greedy search alone: its beam size is 1.");
+    }
+    const asked = { beam_size: beamSize, n_best: beamSize, length_penalty: lengthPenalty };
+    const options = { ...this.metadata.defaults };
+    for (const name of Object.keys(options)) {
+      if (name in asked) options[name] = asked[name];
+    }
     const feeds = {
       source_ids: new ort.Tensor("int32", Int32Array.from(sourceIds), [1, sourceIds.length]),
     };
