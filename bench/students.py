@@ -27,6 +27,11 @@ is not scored again); every figure lands in ROOT/results.json:
   model and the student: nodes run and kernel time a sentence, by operator type.
 - `report`: the tables.
 
+`--extra-exports NAME=DIR ...` times further ONNX exports beside the systems (`speed`,
+`browser`), e.g. the same models exported by a previous version; `--timed NAME ...` times
+only those named. A greedy export
+(`export.onnx_search: greedy`) is timed greedy only.
+
 `--quick` runs the smoke recipe for every system: a check of the script, not a measurement.
 """
 
@@ -124,8 +129,9 @@ class Bench:
 
     def timed(self):
         """The systems whose speed is measured (the student trained on the references runs as
-        fast as the student)."""
-        return ["default", "teacher_ensemble", "student", *self.args.other_students]
+        fast as the student), and the `--extra-exports`; `--timed` where given."""
+        return self.args.timed or ["default", "teacher_ensemble", "student",
+                                   *self.args.other_students, *self.args.extra_exports]  # fmt: skip
 
     def exports(self):
         """name -> its ONNX export folder (the ensemble's written under ROOT once)."""
@@ -138,7 +144,7 @@ class Bench:
             run(["-m", "export", "--ensemble", *self.members, "--formats", "onnx",
                  "--output", ensemble.parent])  # fmt: skip
         found["teacher_ensemble"] = ensemble
-        return found
+        return {**found, **self.args.extra_exports}
 
     def scores(self):
         done = self.results.setdefault("scores", {})
@@ -171,7 +177,7 @@ class Bench:
                 kind: (exports[name] / model[key]).stat().st_size / 1e6
                 for kind, key in (("float32", "model"), ("int8", "int8_model"))
             }
-            entry["search"] = model["defaults"]["beam_size"]
+            entry["search"] = model["defaults"].get("beam_size", 1)  # 1: a greedy export
             self.save()
 
     def speed(self):
@@ -180,8 +186,11 @@ class Bench:
 
         sentences = read_lines(self.args.test_source["source"])[: self.args.sentences]
         exports = {name: path for name, path in self.exports().items() if name in self.timed()}
+        # A greedy export (export.onnx_search: greedy) has no beam 5.
+        beams = {name: (1,) if json.loads((path / "model.json").read_text()).get("search")
+                 == "greedy" else (1, 5) for name, path in exports.items()}  # fmt: skip
         cells = [(name, int8, batch, beam) for name in exports for int8 in (False, True)
-                 for batch in (1, 64) for beam in (1, 5)]  # fmt: skip
+                 for batch in (1, 64) for beam in beams[name]]  # fmt: skip
         translators = {(name, int8): OnnxTranslator(exports[name], int8=int8, batch_size=64)
                        for name in exports for int8 in (False, True)}  # fmt: skip
         rates = {cell: [] for cell in cells}
@@ -189,6 +198,8 @@ class Bench:
             for batch in (1, 64):
                 for beam in (1, 5):
                     for name, int8 in translators:  # the systems take turns
+                        if beam not in beams[name]:
+                            continue
                         translator = translators[(name, int8)]
                         started = time.perf_counter()
                         if batch == 1:
@@ -369,8 +380,20 @@ def main():
     parser.add_argument("--other-students", nargs="*", default=[], metavar="NAME",
                         help="scores, speed, browser: further students, ROOT/NAME, each "
                              "distilled by hand (pipeline.distill --set ...)")  # fmt: skip
+    parser.add_argument("--extra-exports", nargs="*", default=[], metavar="NAME=DIR",
+                        help="speed, browser: further ONNX exports (OUT/onnx) timed beside the "
+                             "systems, e.g. a previous version's")  # fmt: skip
+    parser.add_argument(
+        "--timed",
+        nargs="*",
+        metavar="NAME",
+        help="speed, browser: only these systems (default: all)",
+    )
     parser.add_argument("--quick", action="store_true", help="the smoke recipe: a check")
     args = parser.parse_args()
+    args.extra_exports = dict(
+        (name, Path(path).resolve()) for name, path in (e.split("=", 1) for e in args.extra_exports)
+    )
     args.teacher_recipe = QUICK_RECIPE if args.quick else TEACHER_RECIPE
     if args.quick:
         args.student = QUICK_RECIPE

@@ -1,7 +1,7 @@
 """Export a trained model: `python -m export --workdir DIR [--output OUT] [--version N]
-[--formats saved_model,onnx,ctranslate2] [--model-name NAME]`, or an ensemble of models of one
-vocabulary as one model: `python -m export --ensemble DIR DIR ... [--weights W ...] --output
-OUT`.
+[--formats saved_model,onnx,ctranslate2] [--model-name NAME] [--onnx-search greedy]`, or an
+ensemble of models of one vocabulary as one model: `python -m export --ensemble DIR DIR ...
+[--weights W ...] --output OUT`.
 
 Writes OUT/saved_model/<model_name>/<version>/ (TF Serving), OUT/onnx/ (ONNX Runtime) and, for
 a Transformer on request, OUT/ctranslate2/ (CTranslate2, with weights of
@@ -12,7 +12,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipeline.config import DEFAULT_EXPORT_FORMATS, EXPORT_FORMATS, parse_export_formats
+from pipeline.config import (
+    DEFAULT_EXPORT_FORMATS,
+    EXPORT_FORMATS,
+    ONNX_SEARCHES,
+    parse_export_formats,
+)
 from pipeline.core.errors import UserError, report_user_errors
 
 
@@ -44,6 +49,12 @@ def parse_args(argv):
     )
     parser.add_argument("--model-name", help="TF Serving model name (default: export.model_name)")
     parser.add_argument(
+        "--onnx-search",
+        choices=ONNX_SEARCHES,
+        help="the ONNX model's search: beam (its options as inputs) or greedy (alone, faster; "
+        "default: export.onnx_search)",
+    )
+    parser.add_argument(
         "--wait",
         action="store_true",
         help="if another command is writing there, wait for it to end (default: refuse)",
@@ -73,6 +84,7 @@ def main(argv=None):
         wait=args.wait,
         ensemble=others,
         weights=args.weights,
+        onnx_search=args.onnx_search,
     )
 
 

@@ -111,11 +111,13 @@ def export_model(
     wait=False,
     ensemble=(),
     weights=None,
+    onnx_search=None,
 ):
     """Exports `workdir`'s model in `formats` under `output` (default: the configuration's
     export.directory, else WORKDIR/export); returns {format: path}. With `ensemble` (further
     work directories of the same vocabulary) and `weights`, one model holding all of them and
     their combined search (`pipeline.model_types.ensemble`), under `output`, which it needs.
+    `onnx_search` ("beam" or "greedy") overrides export.onnx_search.
     What the converters write to stderr goes to OUT/export.log unless `verbose`. An export
     into the work directory holds its writer lock (waiting for another holder with `wait`); one
     elsewhere reads it only."""
@@ -154,7 +156,7 @@ def export_model(
                     graph, workdir, output, settings["onnx_opset"], settings["onnx_int8"], log,
                     multilingual.model_languages(config["data"]),
                     model_description([workdir, *ensemble], model, config["model"]["type"]),
-                    settings["onnx_search"],
+                    onnx_search or settings["onnx_search"],
                 )  # fmt: skip
             if "ctranslate2" in formats:
                 paths["ctranslate2"] = export_ctranslate2(

@@ -4,7 +4,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from layers.fused_recurrent import has_default_gates
+from layers.fused_recurrent import has_default_gates, recurrent_step
 from layers.input_feeding_lstm import input_feeding_lstm_recurrence
 from layers.luong_attention import LuongAttention
 from layers.masking import boolean_mask
@@ -183,10 +183,9 @@ class AttentionDecoder(keras.layers.Layer):
             x = ops.concatenate([x, ops.cast(state["feed"], x.dtype)], axis=-1)
         new_cells = []
         for i, (layer, cell_state) in enumerate(zip(self.recurrent_layers, state["cells"])):
-            output, new_state = layer.cell(
-                self.dropout(x, training=training), list(cell_state), training=training
+            output, new_state = recurrent_step(
+                layer, self.dropout(x, training=training), list(cell_state), training
             )
-            new_state = new_state if isinstance(new_state, (list, tuple)) else [new_state]
             new_cells.append(tuple(new_state))
             x = output + x if self.residual and i > 0 else output
         readout, weights = self._attend(x, memory_cache, memory_mask)

@@ -101,3 +101,21 @@ class FusedRecurrence:
             outputs = states * tf.cast(shown, dtype)
         outputs = tf.transpose(outputs, [1, 0, 2])
         return outputs[:, -1], outputs, final_states
+
+
+def recurrent_step(layer, x, states, training=False):
+    """One step of a recurrent layer on inputs `[batch, features]` from `states` (a list): the
+    output and the new states, as its Keras cell gives them; a fused layer's `step` where its
+    fused form applies (fewer operations a step: a decoder's step in an exported graph)."""
+    if not (isinstance(layer, FusedRecurrence) and layer._fused_applies()):
+        output, new_states = layer.cell(x, states, training=training)
+        return output, list(new_states) if isinstance(new_states, (list, tuple)) else [new_states]
+    kernel, recurrent_kernel, bias = (
+        ops.cast(weight, x.dtype)
+        for weight in (layer.cell.kernel, layer.cell.recurrent_kernel, layer.cell.bias)
+    )
+    input_bias, recurrent_bias = layer.split_bias(bias)
+    new_states = layer.step(
+        ops.matmul(x, kernel) + input_bias, states, recurrent_kernel, recurrent_bias
+    )
+    return new_states[0], new_states

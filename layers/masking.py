@@ -46,7 +46,7 @@ def masked_softmax(scores, mask=None):
         mask = ops.expand_dims(mask, axis=1)
     dtype = scores.dtype
     weights = _softmax(ops.where(mask, scores, ops.cast(_large_negative(dtype), dtype)))
-    return ops.where(mask, weights, ops.zeros_like(weights))
+    return ops.where(mask, weights, ops.cast(0, dtype))
 
 
 def _softmax(scores):

@@ -130,7 +130,9 @@ class MultiHeadCrossAttention(SourceAttention):
         weights = ops.mean(head_weights, axis=1)
         width = self.num_heads * self.value_dim_per_head
         if single_step:
-            heads, weights = ops.reshape(heads, (-1, width)), ungroup_step_outputs(weights)
+            source_length = ops.shape(values)[2]
+            heads = ops.reshape(heads, (-1, width))
+            weights = ungroup_step_outputs(weights, (source_length,))
         else:
             heads = ops.reshape(heads, (ops.shape(query)[0], ops.shape(query)[1], width))
         return self.output_projection(heads), weights

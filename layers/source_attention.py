@@ -14,15 +14,19 @@ def group_step_queries(query, memory_cache, feature_shape=None):
     belong to source i); grouped so, they attend over their source's memory as k query
     positions, and the memory is never copied k times. Greedy search and sampling have k = 1.
     """
+    # The target shape depends on the memory alone, so that an exported loop computes it
+    # once, outside (each node of a loop runs at every step).
     batch = ops.shape(memory_cache[0])[0]
-    rows_per_source = ops.shape(query)[0] // ops.maximum(batch, 1)  # a batch of 0 has 0 rows
     feature_shape = tuple(feature_shape or (query.shape[-1],))
-    return ops.reshape(query, (batch, rows_per_source, *feature_shape))
+    return ops.reshape(query, (batch, -1, *feature_shape))
 
 
-def ungroup_step_outputs(x):
-    """`[batch, k, ...]` back to the step's `[batch * k, ...]`."""
-    return ops.reshape(x, (-1, *(ops.shape(x)[2:])))
+def ungroup_step_outputs(x, tail=None):
+    """`[batch, k, *tail]` back to the step's `[batch * k, *tail]`. `tail`: the trailing
+    sizes, by default the static ones of `x` (pass sizes read from the memory for the others:
+    a shape computed from `x` costs nodes at every step of an exported loop)."""
+    tail = x.shape[2:] if tail is None else tail
+    return ops.reshape(x, (-1, *tail))
 
 
 class SourceAttention(keras.layers.Layer):
@@ -81,7 +85,8 @@ class SourceAttention(keras.layers.Layer):
         values = memory_cache[-1]
         context = ops.matmul(weights, ops.cast(values, weights.dtype))
         if single_step:
-            return ungroup_step_outputs(context), ungroup_step_outputs(weights)
+            source_length = ops.shape(values)[1]
+            return ungroup_step_outputs(context), ungroup_step_outputs(weights, (source_length,))
         return context, weights
 
     def value_dim(self, memory_dim):

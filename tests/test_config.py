@@ -117,8 +117,7 @@ def test_paths_resolve_against_the_config_file(tmp_path):
         ),
         (
             MINIMAL + "export:\n  onnx_search: greedy\n",
-            "export.onnx_search: greedy exports the greedy search alone, but decode.beam_size "
-            "is 5",
+            "export.onnx_search: greedy exports the greedy search alone, but decode.beam_size is 5",
         ),
         (MINIMAL + "export:\n  onnx_search: sample\n", "export.onnx_search must be one of"),
     ],

@@ -98,7 +98,7 @@ def test_inference_equals_keras_in_a_loop_of_fewer_operations(rng, kind, go_back
         )
         assert not any(op.type == "IdentityN" for op in graph.get_operations())
         (loop,) = [op for op in graph.get_operations() if op.type in ("While", "StatelessWhile")]
-        body = graph._functions[loop.get_attr("body").name].graph  # noqa: SLF001
+        body = graph._functions[loop.get_attr("body").name].graph
         return [op.type for op in body.get_operations()]
 
     fused_loop, keras_loop = loop_operations(fused), loop_operations(keras_layer)

@@ -10,6 +10,7 @@ import subprocess
 
 import pytest
 
+import export.__main__ as export_cli
 from export.runtime import OnnxTranslator
 from helpers import node_example, real_sentences
 from pipeline.config import PROJECT_ROOT
@@ -151,3 +152,18 @@ def test_the_server_refuses_a_directory_without_a_model(tools, tmp_path):
     assert (result.returncode, result.stderr) == (
         2, f"serve.mjs: {tmp_path}: no exported ONNX model (model.json not found)\n"
     )  # fmt: skip
+
+
+def test_the_page_runs_a_greedy_export(tools, exported_workdir, tmp_path):
+    node, chromium = tools
+    export_cli.main(["--workdir", str(exported_workdir), "--formats", "onnx",
+                     "--onnx-search", "greedy", "--output", str(tmp_path)])  # fmt: skip
+    onnx_dir = tmp_path / "onnx"
+    sentences = real_sentences(3)
+    with serving(node, onnx_dir) as address:
+        result = drive(node, chromium, address, sentences)
+    assert result.returncode == 0, result.stderr
+    shown = json.loads(result.stdout)
+    expected = OnnxTranslator(onnx_dir).translate(sentences)
+    assert [page["translation"] for page in shown] == expected
+    assert [len(page["nBest"]) for page in shown] == [1, 1, 1]

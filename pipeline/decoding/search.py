@@ -223,7 +223,7 @@ def _sequential_search(
     tokens = tf.fill([batch], tf.constant(model.bos_id, tf.int32))
 
     def not_done(t, tokens, state, columns, attention_columns, history, finished, scores):
-        return tf.logical_and(t < width, tf.logical_not(tf.reduce_all(finished)))
+        return tf.logical_and(t < width, tf.reduce_any(tf.logical_not(finished)))
 
     def step(t, tokens, state, columns, attention_columns, history, finished, scores):
         logits, state, weights = model.decode_step(tokens, state, encoded, t)
