@@ -334,6 +334,18 @@ def test_a_greedy_onnx_export_searches_as_keras_in_a_smaller_loop(workdir, out, 
     assert short["ids"].shape[2] == 3 and (short["lengths"] <= 3).all()
     with pytest.raises(ValueError, match="greedy search alone .* takes no beam_size \\(5\\)"):
         translator.translate(sentences[:2], beam_size=5)
+    # The Node.js example: the same translations; a wider beam is one line and exit 2.
+    node, example = node_example("node")
+    command = [node, "translate.mjs", str(onnx_dir), *sentences[:3]]
+    result = subprocess.run(command + ["--beam-size", "1", "--length-penalty", "1"],
+                            cwd=example, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.stdout.split("\n")[:3] == translator.translate(sentences[:3]), result.stderr
+    result = subprocess.run(command + ["--beam-size", "5"], cwd=example, capture_output=True,
+                            text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "error: this export has the greedy search alone and takes no --beam-size 5"
+    )
 
 
 def test_onnx_gives_the_saved_models_ids_on_hundreds_of_inputs(workdir, loaded, onnx_session):

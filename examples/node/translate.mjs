@@ -87,9 +87,10 @@ async function translate({ metadata, session, source, target }, sentences, optio
   for (const [name, value] of Object.entries(options)) {
     const dtype = metadata.option_dtypes[name];
     if (dtype === undefined) {
-      // A greedy export (export.onnx_search: greedy) takes no beam options.
-      if (name === "beam_size" && value === 1) continue;
-      throw new Error(`this export has the ${metadata.search} search alone and takes no ${name}`);
+      // A greedy export (export.onnx_search: greedy) takes no beam options: a beam of 1 is
+      // what it does and it has no length penalty to apply, as the Python runtime has it.
+      if ((name === "beam_size" && value === 1) || name === "length_penalty") continue;
+      throw new Error(`this export has the ${metadata.search} search alone and takes no --${name.replace("_", "-")} ${value}`);
     }
     const data = dtype === "float32" ? Float32Array.from([value]) : Int32Array.from([value]);
     feeds[name] = new ort.Tensor(dtype, data, []);
@@ -124,13 +125,13 @@ function requests({ languages = {} }, sentences, to) {
 }
 
 const args = parseArgs(process.argv.slice(2));
-let translator;
-let sentences;
+let lines;
 try {
-  translator = await loadTranslator(args.directory);
-  sentences = requests(translator.metadata, args.sentences, args.to);
+  const translator = await loadTranslator(args.directory);
+  const sentences = requests(translator.metadata, args.sentences, args.to);
+  lines = await translate(translator, sentences, args.options);
 } catch (error) {
   console.error(`error: ${error.message}`);
   process.exit(2);
 }
-for (const line of await translate(translator, sentences, args.options)) console.log(line);
+for (const line of lines) console.log(line);
