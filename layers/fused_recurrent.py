@@ -61,6 +61,15 @@ class FusedRecurrence:
             and not tf.config.list_logical_devices("GPU")
         )
 
+    def fused_weights(self, dtype):
+        """The cell's weights in `dtype` (mixed precision computes in it): the input kernel,
+        the recurrent kernel, the input bias and the recurrent bias."""
+        kernel, recurrent_kernel, bias = (
+            ops.cast(weight, dtype)
+            for weight in (self.cell.kernel, self.cell.recurrent_kernel, self.cell.bias)
+        )
+        return (kernel, recurrent_kernel, *self.split_bias(bias))
+
     def inner_loop(self, sequences, initial_state, mask, training=False):
         if not self._fused_applies():
             return super().inner_loop(sequences, initial_state, mask, training=training)
@@ -68,11 +77,7 @@ class FusedRecurrence:
         if tree.is_nested(mask):
             mask = mask[0]
         dtype = sequences.dtype
-        kernel, recurrent_kernel, bias = (
-            ops.cast(weight, dtype)
-            for weight in (self.cell.kernel, self.cell.recurrent_kernel, self.cell.bias)
-        )
-        input_bias, recurrent_bias = self.split_bias(bias)
+        kernel, recurrent_kernel, input_bias, recurrent_bias = self.fused_weights(dtype)
         # [time, batch, gates * units] in processing order; a batch-major product would need
         # the same transpose on its output.
         gate_inputs = tf.tensordot(tf.transpose(sequences, [1, 0, 2]), kernel, 1) + input_bias
@@ -110,11 +115,7 @@ def recurrent_step(layer, x, states, training=False):
     if not (isinstance(layer, FusedRecurrence) and layer._fused_applies()):
         output, new_states = layer.cell(x, states, training=training)
         return output, list(new_states) if isinstance(new_states, (list, tuple)) else [new_states]
-    kernel, recurrent_kernel, bias = (
-        ops.cast(weight, x.dtype)
-        for weight in (layer.cell.kernel, layer.cell.recurrent_kernel, layer.cell.bias)
-    )
-    input_bias, recurrent_bias = layer.split_bias(bias)
+    kernel, recurrent_kernel, input_bias, recurrent_bias = layer.fused_weights(x.dtype)
     new_states = layer.step(
         ops.matmul(x, kernel) + input_bias, states, recurrent_kernel, recurrent_bias
     )
