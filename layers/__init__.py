@@ -14,6 +14,7 @@ from layers.recurrent_encoder import RecurrentEncoder
 from layers.recurrent_seq2seq import RecurrentSeq2Seq
 from layers.scaled_dot_product_attention import ScaledDotProductAttention
 from layers.scheduled_sampling import SamplingSchedule
+from layers.self_attention_encoder import SelfAttentionEncoder
 from layers.sixteen_bit_dropout import SixteenBitDropout
 from layers.source_attention import SourceAttention
 from layers.state_bridge import StateBridge
@@ -34,6 +35,7 @@ __all__ = [
     "RecurrentSeq2Seq",
     "SamplingSchedule",
     "ScaledDotProductAttention",
+    "SelfAttentionEncoder",
     "SixteenBitDropout",
     "SourceAttention",
     "StateBridge",

@@ -24,7 +24,7 @@ class RecurrentSeq2Seq(EncoderDecoderModel):
     `EncoderDecoderModel`.
 
     Args:
-        encoder: a `RecurrentEncoder` (or its serialised config).
+        encoder: a `RecurrentEncoder` or `SelfAttentionEncoder` (or its serialised config).
         decoder: an `AttentionDecoder` (or its serialised config).
         bridge: "dense", "copy" or "zero" (see `StateBridge`).
         label_smoothing: epsilon of label smoothing.

@@ -625,22 +625,26 @@ def test_translator_gives_a_sentence_the_same_translation_in_any_batch(workdir, 
 
 
 @pytest.mark.slow
-def test_a_one_head_attention_model_gives_keras_ids_in_onnx_runtime(tmp_path):
-    """tf2onnx once folded the one-head query's transpose into a reshape with the wrong
-    batch: beam search failed in ONNX Runtime for batches of more than one sentence."""
+def train_and_export_onnx(workdir, settings):
+    """The smoke model trained for one epoch with `settings` (`--set` values) and exported to
+    ONNX (float32): its ONNX Runtime session."""
     from pipeline import train
 
-    train.main(["--config", str(PROJECT_ROOT / "configs" / "smoke.yaml"),
-                "--workdir", str(tmp_path), "--set", "train.epochs=1",
-                "--set", "model.attention=multi_head", "--set", "model.attention_heads=1",
-                "--set", "train.bleu_every_epochs=0", "--set", "data.test_source=null",
-                "--set", "data.test_target=null", "--set", "export.after_training=true",
-                "--set", "export.formats=onnx", "--set", "export.onnx_int8=false"])  # fmt: skip
-    session = onnxruntime.InferenceSession(
-        str(tmp_path / "export" / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"]
+    overrides = [
+        "train.epochs=1", "train.bleu_every_epochs=0", "data.test_source=null",
+        "data.test_target=null", "export.after_training=true", "export.formats=onnx",
+        "export.onnx_int8=false", *settings,
+    ]  # fmt: skip
+    arguments = ["--config", str(PROJECT_ROOT / "configs" / "smoke.yaml"), "--workdir", workdir]
+    train.main([str(a) for a in arguments] + [a for o in overrides for a in ("--set", o)])
+    return onnxruntime.InferenceSession(
+        str(workdir / "export" / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"]
     )
-    config, model, _, _ = load_trained(tmp_path)
-    source_ids = padded_ids(tmp_path, real_sentences(6))
+
+
+def assert_onnx_searches_as_keras(workdir, session):
+    config, model, _, _ = load_trained(workdir)
+    source_ids = padded_ids(workdir, real_sentences(6))
     for options in (GREEDY, BEAM_5):
         onnx_ids = search_onnx(session, source_ids, **options)["ids"][:, 0]
         keras_ids = keras_beam_search(config, model, source_ids, int(options["beam_size"]))[:, 0]
@@ -649,6 +653,25 @@ def test_a_one_head_attention_model_gives_keras_ids_in_onnx_runtime(tmp_path):
             np.pad(onnx_ids, ((0, 0), (0, width - onnx_ids.shape[1]))),
             np.pad(keras_ids, ((0, 0), (0, width - keras_ids.shape[1]))),
         )
+
+
+def test_a_one_head_attention_model_gives_keras_ids_in_onnx_runtime(tmp_path):
+    """tf2onnx once folded the one-head query's transpose into a reshape with the wrong
+    batch: beam search failed in ONNX Runtime for batches of more than one sentence."""
+    settings = ["model.attention=multi_head", "model.attention_heads=1"]
+    assert_onnx_searches_as_keras(tmp_path, train_and_export_onnx(tmp_path, settings))
+
+
+def test_a_transformer_encoder_exports_without_an_encoder_loop(tmp_path):
+    """A recurrent decoder's Transformer encoder (`model.encoder_type: transformer`): its
+    ONNX model searches as Keras does, and its only loops are the search's."""
+    settings = ["model.encoder_type=transformer", "model.encoder_heads=2",
+                "model.encoder_layers=2", "model.encoder_ffn_dim=32"]  # fmt: skip
+    session = train_and_export_onnx(tmp_path, settings)
+    assert_onnx_searches_as_keras(tmp_path, session)
+    graph = onnx.load(str(tmp_path / "export" / "onnx" / "model.onnx")).graph
+    loops = [node.name for node in graph.node if node.op_type == "Loop"]
+    assert len(loops) == 1 and "encoder" not in loops[0]  # the search's
 
 
 def test_every_runtime_starts_each_translation_with_its_prefix(workdir, loaded, onnx_session, out):

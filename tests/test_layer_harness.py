@@ -106,6 +106,26 @@ def encoder_case(name, **options):
     )
 
 
+def self_attention_encoder_case():
+    return LayerCase(
+        "self_attention_encoder",
+        lambda: layers.SelfAttentionEncoder(VOCAB, 8, num_layers=2, num_heads=2, ffn_dim=16),
+        source_inputs,
+        lambda layer, inputs: layer(inputs["source_ids"]),
+        masking=Masking(
+            # Extra padding columns: outputs at real tokens, the mean and the mask unchanged.
+            perturb=lambda inputs, rng: {"source_ids": extra_padding(inputs["source_ids"])},
+            invariant=lambda inputs, outputs: [
+                np.asarray(outputs[0])[:, :5][SOURCE_MASK],
+                outputs[1],
+                np.asarray(outputs[2])[:, :5],
+            ],
+        ),
+        gradient_inputs=(),  # token ids
+        skip={"steps": "an encoder reads the whole source; it has no step"},
+    )
+
+
 def bridge_inputs(rng):
     return {name: rng.normal(size=(3, 6)).astype("float32") for name in ("h0", "c0", "h1", "c1")}
 
@@ -283,6 +303,12 @@ def recurrent_model():
     return built(layers.RecurrentSeq2Seq(encoder, decoder))
 
 
+def recurrent_model_with_transformer_encoder():
+    encoder = layers.SelfAttentionEncoder(VOCAB, 6, num_heads=2, ffn_dim=12)
+    decoder = layers.AttentionDecoder(VOCAB, 6, 8, attention=layers.BahdanauAttention(8))
+    return built(layers.RecurrentSeq2Seq(encoder, decoder))
+
+
 def transformer(**options):
     return lambda: built(
         layers.Transformer(VOCAB, VOCAB, model_dim=8, num_heads=2, intermediate_dim=16,
@@ -335,6 +361,7 @@ CASES = [
         residual=True,
         reverse_source=True,
     ),
+    self_attention_encoder_case(),
     bridge_case("dense", ((5,),)),
     bridge_case("copy", ((6, 6), (6, 6))),
     bridge_case("zero", ((4, 4),), skip_gradients="zeros whatever the encoder's states"),
@@ -405,6 +432,7 @@ CASES = [
     decoder_layer_case("pre_norm"),
     decoder_layer_case("post_norm", normalize_first=False, attention_dropout=0.0, ffn_dropout=0.2),
     model_case("recurrent_seq2seq", recurrent_model),
+    model_case("recurrent_seq2seq_transformer_encoder", recurrent_model_with_transformer_encoder),
     model_case("transformer", transformer()),
     model_case(
         "transformer_learned_untied_post_norm",

@@ -81,3 +81,21 @@ def test_each_types_model_implements_the_decoding_contract(name):
     for method in ("encode", "initial_decoder_state", "decode_step"):
         assert getattr(type(model), method) is not getattr(layers.EncoderDecoderModel, method)
     assert (model.source_vocab_size, model.target_vocab_size) == (20, 30)
+
+
+def test_a_recurrent_models_transformer_encoder_is_configured_and_checked():
+    import layers
+
+    settings = ["model.encoder_type=transformer", "model.encoder_heads=4"]
+    config = load_config(CONFIGS / "smoke.yaml", settings + ["model.encoder_layers=2"])
+    model = MODEL_TYPES["rnn"].build(config, 20, 30, for_training=False)
+    assert isinstance(model.encoder, layers.SelfAttentionEncoder)
+    assert (model.encoder.num_layers, model.encoder.num_heads) == (2, 4)
+    assert model.encoder.output_dim == config["model"]["embedding_dim"]
+    with pytest.raises(UserError, match="model.embedding_dim \\(16\\) must be divisible by "
+                                        "model.encoder_heads \\(3\\)"):  # fmt: skip
+        load_config(CONFIGS / "smoke.yaml", ["model.encoder_type=transformer",
+                                             "model.encoder_heads=3"])  # fmt: skip
+    with pytest.raises(UserError, match="model.reverse_source needs model.encoder_type "
+                                        "recurrent"):  # fmt: skip
+        load_config(CONFIGS / "smoke.yaml", settings + ["model.reverse_source=true"])

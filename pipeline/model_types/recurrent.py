@@ -5,6 +5,7 @@ from pipeline.core.errors import UserError
 from pipeline.core.fields import Field, positive_int, rate
 from pipeline.model_types.model_type import ModelType
 
+ENCODER_TYPES = ("recurrent", "transformer")
 ATTENTIONS = (
     "bahdanau", "luong_dot", "luong_general", "luong_concat", "scaled_dot", "multi_head", "none",
 )  # fmt: skip
@@ -12,7 +13,15 @@ ATTENTIONS = (
 KEYS = {
     "cell_type": Field(str, "lstm", "the recurrent cell of the encoder and decoder layers",
                        choices=("lstm", "gru", "simple_rnn")),
-    "embedding_dim": positive_int(256, "size of the source and target token embeddings"),
+    "embedding_dim": positive_int(256, "size of the source and target token embeddings (and a "
+                                  "transformer encoder's width)"),
+    "encoder_type": Field(str, "recurrent", "the encoder: recurrent layers, or Transformer layers "
+                          "without a loop over time (fast students)",
+                          choices=ENCODER_TYPES),
+    "encoder_heads": positive_int(4, "transformer encoder: self-attention heads (embedding_dim "
+                                  "must divide by it)"),
+    "encoder_ffn_dim": positive_int(1024, "transformer encoder: hidden size of the feed-forward "
+                                    "networks"),
     "encoder_units": positive_int(256, "units of each encoder layer, per direction"),
     "bidirectional": Field(bool, True, "run every encoder layer in both directions"),
     "merge_mode": Field(str, "concat", "how a bidirectional encoder combines its two directions' "
@@ -52,12 +61,26 @@ KEYS = {
 
 def memory_dim(model):
     """The width of the encoder's outputs, which the attention reads."""
+    if model["encoder_type"] == "transformer":
+        return model["embedding_dim"]
     concat = model["bidirectional"] and model["merge_mode"] == "concat"
     return model["encoder_units"] * (2 if concat else 1)
 
 
 def check(config, where):
     model = config["model"]
+    if model["encoder_type"] == "transformer":
+        if model["embedding_dim"] % model["encoder_heads"]:
+            raise UserError(
+                f"{where}: model.embedding_dim ({model['embedding_dim']}) must be divisible by "
+                f"model.encoder_heads ({model['encoder_heads']}) for model.encoder_type "
+                "transformer"
+            )
+        if model["reverse_source"]:
+            raise UserError(
+                f"{where}: model.reverse_source needs model.encoder_type recurrent (a "
+                "transformer encoder reads the source in no order)"
+            )
     if model["input_feeding"] and model["attention"] == "none":
         raise UserError(f"{where}: model.input_feeding needs model.attention other than none")
     if model["attention"] == "luong_dot" and model["decoder_units"] != memory_dim(model):
@@ -115,12 +138,20 @@ def sampling_schedule(train_config):
     )
 
 
-def build(config, source_vocab_size, target_vocab_size, for_training):
+def build_encoder(model_config, source_vocab_size):
     import layers
-    from pipeline.model_types.training_twins import TrainingRecurrentSeq2Seq
 
-    model_config = config["model"]
-    encoder = layers.RecurrentEncoder(
+    if model_config["encoder_type"] == "transformer":
+        return layers.SelfAttentionEncoder(
+            source_vocab_size,
+            model_config["embedding_dim"],
+            num_layers=model_config["encoder_layers"],
+            num_heads=model_config["encoder_heads"],
+            ffn_dim=model_config["encoder_ffn_dim"],
+            dropout=model_config["dropout"],
+            name="encoder",
+        )
+    return layers.RecurrentEncoder(
         source_vocab_size,
         model_config["embedding_dim"],
         model_config["encoder_units"],
@@ -134,6 +165,14 @@ def build(config, source_vocab_size, target_vocab_size, for_training):
         reverse_source=model_config["reverse_source"],
         name="encoder",
     )
+
+
+def build(config, source_vocab_size, target_vocab_size, for_training):
+    import layers
+    from pipeline.model_types.training_twins import TrainingRecurrentSeq2Seq
+
+    model_config = config["model"]
+    encoder = build_encoder(model_config, source_vocab_size)
     decoder = layers.AttentionDecoder(
         target_vocab_size,
         model_config["embedding_dim"],
