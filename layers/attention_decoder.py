@@ -13,6 +13,7 @@ from layers.recurrent_layers import (
     recurrent_layer,
     states_per_layer,
     token_embedding,
+    token_lookup,
 )
 from layers.sixteen_bit_dropout import SixteenBitDropout, sixteen_bit_dropout
 
@@ -173,7 +174,7 @@ class AttentionDecoder(keras.layers.Layer):
             `[batch * k, src_len]` (None without attention).
         """
         readout, state, weights = self._recurrent_step(
-            self.embedding(token_ids), state, memory_cache, memory_mask, training
+            token_lookup(self.embedding, token_ids), state, memory_cache, memory_mask, training
         )
         return self._logits(readout, training), state, weights
 

@@ -1,6 +1,8 @@
 """Construction of Keras' recurrent layers by name, shared by the encoder and the decoder."""
 
 import keras
+import tensorflow as tf
+from keras import ops
 
 from layers.fused_gru import FusedGRU
 from layers.fused_lstm import FusedLSTM
@@ -51,3 +53,9 @@ def token_embedding(vocab_size, embedding_dim):
         embeddings_initializer=keras.initializers.RandomNormal(stddev=1.0),
         name="embedding",
     )
+
+
+def token_lookup(embedding, token_ids):
+    """`embedding(token_ids)` for ids within the vocabulary: one gather, without Keras' mapping
+    of negative ids, which adds a comparison and a select to every exported decoding step."""
+    return ops.cast(tf.gather(embedding.embeddings, token_ids), embedding.compute_dtype)

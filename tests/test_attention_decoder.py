@@ -191,3 +191,19 @@ def test_other_input_feeding_decoders_take_the_generic_loop(memory, attention, c
         for name, value in options.items():
             setattr(layer.cell, name, keras.activations.get(value))
     assert not decoder._hand_differentiated_loop_applies()
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+def test_a_steps_token_lookup_is_the_embedding_layers(policy):
+    from layers.recurrent_layers import token_embedding, token_lookup
+
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        embedding = token_embedding(12, 4)
+        ids = tf.constant([3, 0, 11, 3])
+        expected = embedding(ids)
+        actual = token_lookup(embedding, ids)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert actual.dtype == expected.dtype == embedding.compute_dtype
+    np.testing.assert_array_equal(actual, expected)
