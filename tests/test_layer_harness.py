@@ -86,10 +86,10 @@ def source_inputs(rng):
     return {"source_ids": source_ids.astype("int32")}
 
 
-def encoder_case(name, **options):
+def source_encoder_case(name, make_layer):
     return LayerCase(
-        f"encoder_{name}",
-        lambda: layers.RecurrentEncoder(VOCAB, 4, 6, num_layers=2, **options),
+        name,
+        make_layer,
         source_inputs,
         lambda layer, inputs: layer(inputs["source_ids"]),
         masking=Masking(
@@ -106,23 +106,9 @@ def encoder_case(name, **options):
     )
 
 
-def self_attention_encoder_case():
-    return LayerCase(
-        "self_attention_encoder",
-        lambda: layers.SelfAttentionEncoder(VOCAB, 8, num_layers=2, num_heads=2, ffn_dim=16),
-        source_inputs,
-        lambda layer, inputs: layer(inputs["source_ids"]),
-        masking=Masking(
-            # Extra padding columns: outputs at real tokens, the mean and the mask unchanged.
-            perturb=lambda inputs, rng: {"source_ids": extra_padding(inputs["source_ids"])},
-            invariant=lambda inputs, outputs: [
-                np.asarray(outputs[0])[:, :5][SOURCE_MASK],
-                outputs[1],
-                np.asarray(outputs[2])[:, :5],
-            ],
-        ),
-        gradient_inputs=(),  # token ids
-        skip={"steps": "an encoder reads the whole source; it has no step"},
+def encoder_case(name, **options):
+    return source_encoder_case(
+        f"encoder_{name}", lambda: layers.RecurrentEncoder(VOCAB, 4, 6, num_layers=2, **options)
     )
 
 
@@ -361,7 +347,10 @@ CASES = [
         residual=True,
         reverse_source=True,
     ),
-    self_attention_encoder_case(),
+    source_encoder_case(
+        "self_attention_encoder",
+        lambda: layers.SelfAttentionEncoder(VOCAB, 8, num_layers=2, num_heads=2, ffn_dim=16),
+    ),
     bridge_case("dense", ((5,),)),
     bridge_case("copy", ((6, 6), (6, 6))),
     bridge_case("zero", ((4, 4),), skip_gradients="zeros whatever the encoder's states"),
