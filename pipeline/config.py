@@ -213,7 +213,7 @@ SCHEMA = {
                                "the first 10 (0: none; pip install xprof)", minimum=0),
         # The saved and exported model is float32 whatever trained it.
         "precision": Field(str, "auto", "the dtype policy training runs under (auto: "
-                           "mixed_bfloat16 where the hardware gains from it, else float32)",
+                           "mixed_bfloat16 where it trains the model type faster, else float32)",
                            choices=PRECISIONS),
     },
     "decode": {

@@ -9,6 +9,7 @@ import pytest
 from pipeline import train
 from pipeline.config import PROJECT_ROOT, load_config
 from pipeline.core.errors import UserError
+from pipeline.model_types import MODEL_TYPES
 from pipeline.model_types.builder import build_model
 from pipeline.training.optimizers import StepCountingLossScaleOptimizer
 from pipeline.training.precision import resolve as resolve_precision
@@ -87,22 +88,27 @@ def test_mixed_precision_training_saves_the_trained_weights_as_a_float32_model(
 
 AMX_CPU = {"avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}
 ZEN_CPU = {"avx512f", "avx512_bf16"}  # AVX512-BF16 without AMX (an AMD EPYC)
+RNN, TRANSFORMER = MODEL_TYPES["rnn"], MODEL_TYPES["transformer"]
 
 
 @pytest.mark.parametrize(
-    ("flags", "gpus", "chosen", "why"),
+    ("flags", "gpus", "model_type", "chosen", "why"),
     [
-        (AMX_CPU, [], "mixed_bfloat16", "the CPU has AMX"),
-        (ZEN_CPU, [], "float32", "AVX512-BF16 but no AMX, where bfloat16 does not pay"),
-        ({"avx2"}, [], "float32", "no bfloat16 arithmetic"),
-        ({"avx2"}, [(8, 0)], "mixed_bfloat16", "a GPU of compute capability 8.0"),
-        (AMX_CPU, [(7, 5)], "float32", "GPUs of compute capability 7.5, below 8.0"),
+        (AMX_CPU, [], TRANSFORMER, "mixed_bfloat16", "the CPU has AMX"),
+        (AMX_CPU, [], RNN, "mixed_bfloat16", "the CPU has AMX"),
+        (ZEN_CPU, [], RNN, "mixed_bfloat16", "AVX512-BF16 without AMX, where bfloat16 trains "
+                                             "rnn models faster"),
+        (ZEN_CPU, [], TRANSFORMER, "float32", "AVX512-BF16 but no AMX, where bfloat16 does not "
+                                              "train transformer models faster"),
+        ({"avx2"}, [], RNN, "float32", "no bfloat16 arithmetic"),
+        ({"avx2"}, [(8, 0)], TRANSFORMER, "mixed_bfloat16", "a GPU of compute capability 8.0"),
+        (AMX_CPU, [(7, 5)], RNN, "float32", "GPUs of compute capability 7.5, below 8.0"),
     ],
 )  # fmt: skip
 def test_auto_chooses_bfloat16_where_the_hardware_computes_it_and_it_pays(
-    tmp_path, flags, gpus, chosen, why
+    tmp_path, flags, gpus, model_type, chosen, why
 ):
-    precision, line = resolve_precision("auto", tmp_path / "config.yaml", flags, gpus)
+    precision, line = resolve_precision("auto", tmp_path / "config.yaml", model_type, flags, gpus)
     assert precision == chosen
     assert line.startswith(f"Precision: {chosen} (train.precision: auto; ") and why in line
 
@@ -110,20 +116,22 @@ def test_auto_chooses_bfloat16_where_the_hardware_computes_it_and_it_pays(
 def test_a_run_keeps_the_precision_it_began_with(tmp_path):
     saved = tmp_path / "config.yaml"
     saved.write_text("train:\n  precision: mixed_bfloat16\n")
-    assert resolve_precision("auto", saved, {"avx2"}, []) == (
+    assert resolve_precision("auto", saved, TRANSFORMER, {"avx2"}, []) == (
         "mixed_bfloat16", "Precision: mixed_bfloat16 (train.precision: auto, as the run began)"
     )  # fmt: skip
-    assert resolve_precision("float32", saved, AMX_CPU, [])[0] == "float32"  # asked explicitly
+    assert resolve_precision("float32", saved, RNN, AMX_CPU, [])[0] == "float32"  # asked so
+    saved.write_text("train:\n  precision: float32\n")
+    assert resolve_precision("auto", saved, RNN, ZEN_CPU, [])[0] == "float32"  # begun elsewhere
     saved.write_text("train:\n  precision: mixed_float16\n")
     with pytest.raises(UserError, match="this run began in mixed_float16 .* needs a GPU"):
-        resolve_precision("auto", saved, AMX_CPU, [])
-    assert resolve_precision("auto", saved, set(), [(8, 6)])[0] == "mixed_float16"
+        resolve_precision("auto", saved, RNN, AMX_CPU, [])
+    assert resolve_precision("auto", saved, RNN, set(), [(8, 6)])[0] == "mixed_float16"
 
 
 def test_training_resolves_auto_once_and_writes_it_to_the_work_directory(tmp_path, capsys):
     train.main(["--config", str(SMOKE), "--workdir", str(tmp_path), "--set", "train.epochs=1",
                 "--set", "train.precision=auto", "--set", "data.test_source=null",
                 "--set", "data.test_target=null"])  # fmt: skip
-    chosen, line = resolve_precision("auto", tmp_path / "absent.yaml")  # this machine's choice
+    chosen, line = resolve_precision("auto", tmp_path / "absent.yaml", RNN)  # this machine's
     assert line in capsys.readouterr().out.splitlines()
     assert load_config(tmp_path / "config.yaml", saved=True)["train"]["precision"] == chosen

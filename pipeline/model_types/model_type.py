@@ -30,3 +30,6 @@ class ModelType:
     attends: Callable
     # {export format: why it cannot hold this type}, of `pipeline.config.EXPORT_FORMATS`.
     unfit_formats: dict = dataclasses.field(default_factory=dict)
+    # Whether mixed bfloat16 trains it faster than float32 on a CPU with AVX512-BF16 and no
+    # AMX, as measured (`train.precision: auto` chooses it there if so).
+    bfloat16_without_amx: bool = False

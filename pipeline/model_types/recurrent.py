@@ -205,4 +205,5 @@ RECURRENT = ModelType(
     build=build,
     attends=lambda model_config: model_config["attention"] != "none",
     unfit_formats={"ctranslate2": "CTranslate2 has no recurrent encoder-decoder"},
+    bfloat16_without_amx=True,
 )

@@ -2,10 +2,11 @@
 pays, float32 elsewhere, decided once per run.
 
 Mixed bfloat16 trains faster on CPUs with AMX (Intel's tile units) and on GPUs of compute
-capability 8.0 and above. On a 2-core AMD EPYC with AVX512-BF16 but no AMX it did not pay (the
-Transformer recipe at 10,857 and 10,609 target tokens/s against 11,367 in float32, 2026-12-01),
-so `auto` keeps float32 there. A run keeps the precision it began with: the resolved value is what
-the work directory's configuration holds, and a resumed `auto` run reads it from there.
+capability 8.0 and above. On a CPU with AVX512-BF16 but no AMX it depends on the model type,
+which declares it (`ModelType.bfloat16_without_amx`): on such a CPU (an AMD EPYC) the recurrent
+recipes trained faster in mixed bfloat16 in every round measured and the Transformer recipe did
+not (docs/training.md). A run keeps the precision it began with: the resolved value is what the
+work directory's configuration holds, and a resumed `auto` run reads it from there.
 """
 
 from pathlib import Path
@@ -16,7 +17,7 @@ from pipeline.core.errors import UserError
 
 AUTO = "auto"
 NATIVE_BFLOAT16_CPU_FLAG = "amx_bf16"  # /proc/cpuinfo's flag for AMX's bfloat16 products
-SLOW_BFLOAT16_CPU_FLAG = "avx512_bf16"  # bfloat16 dot products without AMX: measured no gain
+VECTOR_BFLOAT16_CPU_FLAG = "avx512_bf16"  # bfloat16 dot products in AVX-512 registers
 MIN_BFLOAT16_GPU = (8, 0)  # compute capability with bfloat16 tensor cores (Ampere)
 
 
@@ -39,8 +40,9 @@ def gpu_capabilities():
     return [tuple(d["compute_capability"]) for d in details if d.get("compute_capability")]
 
 
-def choose(flags, gpus):
-    """(precision, why) for `auto` on hardware with CPU `flags` and GPU capabilities `gpus`."""
+def choose(flags, gpus, model_type):
+    """(precision, why) for `auto` on hardware with CPU `flags` and GPU capabilities `gpus`,
+    training a model of `model_type` (a `ModelType`)."""
     if gpus:
         best = max(gpus)
         if best >= MIN_BFLOAT16_GPU:
@@ -49,15 +51,19 @@ def choose(flags, gpus):
                            f"{MIN_BFLOAT16_GPU[0]}.{MIN_BFLOAT16_GPU[1]}")  # fmt: skip
     if NATIVE_BFLOAT16_CPU_FLAG in flags:
         return "mixed_bfloat16", "the CPU has AMX"
-    if SLOW_BFLOAT16_CPU_FLAG in flags:
-        return "float32", "the CPU has AVX512-BF16 but no AMX, where bfloat16 does not pay"
+    if VECTOR_BFLOAT16_CPU_FLAG in flags:
+        if model_type.bfloat16_without_amx:
+            return "mixed_bfloat16", (f"the CPU has AVX512-BF16 without AMX, where bfloat16 "
+                                      f"trains {model_type.name} models faster")  # fmt: skip
+        return "float32", (f"the CPU has AVX512-BF16 but no AMX, where bfloat16 does not train "
+                           f"{model_type.name} models faster")  # fmt: skip
     return "float32", "the CPU has no bfloat16 arithmetic"
 
 
-def resolve(requested, saved_config, flags=None, gpus=None):
-    """(precision, the log line) for a run asking `requested` (`train.precision`) whose work
-    directory holds `saved_config` (a path; it may not exist). `flags` and `gpus` default to
-    this machine's."""
+def resolve(requested, saved_config, model_type, flags=None, gpus=None):
+    """(precision, the log line) for a run of a `model_type` model asking `requested`
+    (`train.precision`) whose work directory holds `saved_config` (a path; it may not exist).
+    `flags` and `gpus` default to this machine's."""
     if requested != AUTO:
         return requested, f"Precision: {requested} (train.precision)"
     gpus = gpu_capabilities() if gpus is None else gpus
@@ -69,7 +75,7 @@ def resolve(requested, saved_config, flags=None, gpus=None):
         )
     if kept:
         return kept, f"Precision: {kept} (train.precision: auto, as the run began)"
-    precision, why = choose(cpu_flags() if flags is None else flags, gpus)
+    precision, why = choose(cpu_flags() if flags is None else flags, gpus, model_type)
     return precision, f"Precision: {precision} (train.precision: auto; {why})"
 
 

@@ -192,8 +192,10 @@ class TrainingRun:
         self.task = current_task(config["distribute"])
         self.output = self.task.output_dir(workdir)
         self.output.mkdir(parents=True, exist_ok=True)
-        self.train["precision"], line = resolve_precision(self.train["precision"],
-                                                          workdir / CONFIG_FILE)  # fmt: skip
+        self.train["precision"], line = resolve_precision(
+            self.train["precision"], workdir / CONFIG_FILE,
+            model_type=MODEL_TYPES[config["model"]["type"]],
+        )  # fmt: skip
         log(line)
         replicas = self.strategy.num_replicas_in_sync
         self.micro_batches = micro_batches_per_update(self.train, replicas)  # of one update
