@@ -4,9 +4,9 @@ pays, float32 elsewhere, decided once per run.
 Mixed bfloat16 trains faster on CPUs with AMX (Intel's tile units) and on GPUs of compute
 capability 8.0 and above. On a CPU with AVX512-BF16 but no AMX it depends on the model type,
 which declares it (`ModelType.bfloat16_without_amx`): on such a CPU (an AMD EPYC) the recurrent
-recipes trained faster in mixed bfloat16 in every round measured and the Transformer recipe did
-not (docs/training.md). A run keeps the precision it began with: the resolved value is what the
-work directory's configuration holds, and a resumed `auto` run reads it from there.
+recipes trained faster in mixed bfloat16 in every round measured, the Transformer recipe in two
+rounds of five (docs/training.md). A run keeps the precision it began with: the resolved value
+is what the work directory's configuration holds, and a resumed `auto` run reads it from there.
 """
 
 from pathlib import Path
