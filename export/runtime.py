@@ -110,6 +110,12 @@ def _load(path, what, load):
         raise UnusableFileError(path, f"cannot load the {what} ({first_line(error)})") from None
 
 
+def encode_each(processor, texts):
+    """The ids of each text, one call a text: given a list, SentencePiece starts a thread pool
+    each call, which costs more than tokenising a sentence (bench/RESULTS.md)."""
+    return [processor.encode(text) for text in texts]
+
+
 def session_options(intra_op_threads=None, inter_threads=1):
     """Threads per batch: `intra_op_threads`, or the CPUs shared among `inter_threads` batches."""
     options = onnxruntime.SessionOptions()
@@ -159,7 +165,7 @@ class OnnxTranslator:
     def encode(self, sentences):
         """Source ids of each sentence, cut at the exported `max_source_length`."""
         limit = self.metadata["max_source_length"]
-        return [ids[:limit] for ids in self.source.encode(list(sentences))]
+        return [ids[:limit] for ids in encode_each(self.source, sentences)]
 
     def search(self, source_ids, target_prefix=None, **options):
         """Runs the model on one padded batch: int32 `[batch, src_len]` (and optionally the
@@ -270,8 +276,9 @@ class OnnxTranslator:
                 progress(len(indices))
         return results
 
-    def _prefix_ids(self, target_prefix):
-        return None if target_prefix is None else self.target.encode(list(target_prefix))
+    def encode_prefixes(self, target_prefixes):
+        """Target ids of each prefix text (None for None)."""
+        return None if target_prefixes is None else encode_each(self.target, target_prefixes)
 
     def translate(self, sentences, target_prefix=None, progress=None, target_language=None,
                   **options):  # fmt: skip
@@ -286,7 +293,7 @@ class OnnxTranslator:
         """
         hypotheses = self.translate_ids(
             self.encode(self.requests(sentences, target_language)),
-            self._prefix_ids(target_prefix), progress, **options,
+            self.encode_prefixes(target_prefix), progress, **options,
         )  # fmt: skip
         return [self.target.decode(best[0][0]) for best in hypotheses]
 
@@ -295,7 +302,7 @@ class OnnxTranslator:
         """The `n_best` (text, score) pairs of each sentence, best first."""
         hypotheses = self.translate_ids(
             self.encode(self.requests(sentences, target_language)),
-            self._prefix_ids(target_prefix), progress, n_best=n_best, **options,
+            self.encode_prefixes(target_prefix), progress, n_best=n_best, **options,
         )  # fmt: skip
         return [[(self.target.decode(ids), score) for ids, score in h] for h in hypotheses]
 

@@ -103,7 +103,7 @@ class TranslationService:
         sources = self.translator.encode(requests)
         prefixes = [None] * len(sources)
         if prediction.signature == WITH_PREFIX:
-            prefixes = self.translator.target.encode(inputs[TARGET_PREFIX])
+            prefixes = self.translator.encode_prefixes(inputs[TARGET_PREFIX])
         return self.queue.submit(
             prediction.signature, list(zip(sources, prefixes)), [len(s) for s in sources]
         )

@@ -20,7 +20,7 @@ import export.__main__ as export_cli
 from export import client
 from export.exporter import export_onnx, export_saved_model
 from export.onnx_rewrites import optimise_loops, subgraphs
-from export.runtime import OnnxTranslator
+from export.runtime import OnnxTranslator, encode_each
 from export.serving_check import read_meta_graph, unsupported_ops, write_signature_only
 from export.serving_graph import TranslationGraph
 from export.signature import REQUIRED_INPUTS, SIGNATURES
@@ -397,6 +397,22 @@ def test_runtime_translates_without_tensorflow(out, loaded):
     assert result["parallel"] == result["best"]  # four batches, three at a time, in order
     assert [len(h) for h in result["n_best"]] == [3, 3]
     assert result["n_best"][0][0][0] == result["best"][0]
+
+
+def test_each_sentence_is_tokenised_alone_to_the_ids_of_a_batch_call(out):
+    import sentencepiece
+
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(out / "onnx" / "source.model"))
+    sentences = real_sentences(20) + ["", "Ein Hund läuft über eine Wiese."]
+    calls = []
+
+    class Recording:
+        def encode(self, text):
+            calls.append(text)
+            return processor.encode(text)
+
+    assert encode_each(Recording(), sentences) == processor.encode(sentences)
+    assert calls == sentences  # one string a call: a list starts SentencePiece's thread pool
 
 
 def test_int8_model_quantises_the_loops_and_translates(out, workdir, onnx_session):

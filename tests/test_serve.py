@@ -124,7 +124,7 @@ def sentences():
 
 
 def offline_text(offline, sentences, prefixes=None, **options):
-    ids = offline.translate_ids(offline.encode(sentences), offline._prefix_ids(prefixes),
+    ids = offline.translate_ids(offline.encode(sentences), offline.encode_prefixes(prefixes),
                                 **options)  # fmt: skip
     return [offline.target.decode(best[0][0]) for best in ids], [best[0][1] for best in ids]
 
