@@ -15,4 +15,6 @@ def additive_score(projected_query, keys, v, bias=None):
     hidden = ops.expand_dims(projected_query, 2) + ops.expand_dims(keys, 1)
     if bias is not None:
         hidden = hidden + bias
-    return ops.einsum("btsu,u->bts", ops.tanh(hidden), v)
+    # v as a one-column matrix: an exported graph runs this as one MatMul (the einsum with a
+    # vector, as tf2onnx decomposes it, is eight nodes at every decoding step).
+    return ops.squeeze(ops.einsum("btsu,uo->btso", ops.tanh(hidden), v[:, None]), -1)

@@ -16,8 +16,9 @@ def gru_cell(x, h, recurrent_kernel, recurrent_bias):
         tf.matmul(h, recurrent_kernel) + recurrent_bias, [2 * units, units], axis=-1
     )
     zr = tf.sigmoid(x_zr + h_zr)
-    n = tf.tanh(x_n + zr[:, units:] * h_n)
-    return n + zr[:, :units] * (h - n), zr, n, h_n
+    z, r = tf.split(zr, 2, axis=-1)  # one node in an exported loop; two slices are two
+    n = tf.tanh(x_n + r * h_n)
+    return n + z * (h - n), zr, n, h_n
 
 
 def gru_recurrence(gate_inputs, initial_state, mask, recurrent_kernel, recurrent_bias):

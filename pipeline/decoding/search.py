@@ -244,9 +244,10 @@ def _sequential_search(
             weights = tf.zeros([batch, src_len], tf.float32)
         weights = tf.where(finished[:, None], 0.0, tf.cast(weights, tf.float32))
         attention_columns = attention_columns.write(t, weights)
-        at_limit = t + 1 >= limits
+        next_t = t + 1  # once: an exported loop would compute each `t + 1` apart
+        at_limit = next_t >= limits
         finished = tf.logical_or(finished, tf.logical_or(tf.equal(tokens, model.eos_id), at_limit))
-        return t + 1, tokens, state, columns, attention_columns, history, finished, scores
+        return next_t, tokens, state, columns, attention_columns, history, finished, scores
 
     loop_vars = (
         tf.constant(0),
