@@ -152,6 +152,7 @@ class OnnxTranslator:
                 model, options, providers=["CPUExecutionProvider"]
             ),
         )
+        self.output_names = [output.name for output in self.session.get_outputs()]
         self.source, self.target = (
             _load(self.directory / self.metadata[key], "vocabulary",
                   lambda proto=proto: sentencepiece.SentencePieceProcessor(model_proto=proto))
@@ -175,8 +176,7 @@ class OnnxTranslator:
 
     def run(self, feeds):
         """The model's outputs, by name, for `check_search`'s `feeds`."""
-        names = [output.name for output in self.session.get_outputs()]
-        return dict(zip(names, self.session.run(names, feeds)))
+        return dict(zip(self.output_names, self.session.run(self.output_names, feeds)))
 
     def check_search(self, source_ids, target_prefix=None, **options):
         """The feeds of `search`, or a `ValueError` naming the argument that is wrong: ids

@@ -223,7 +223,10 @@ def _sequential_search(
     tokens = tf.fill([batch], tf.constant(model.bos_id, tf.int32))
 
     def not_done(t, tokens, state, columns, attention_columns, history, finished, scores):
-        return tf.logical_and(t < width, tf.reduce_any(tf.logical_not(finished)))
+        # Every source is finished at its limit, within `width`: no step count to compare. "Not
+        # all finished" as a minimum: three exported nodes a step (`reduce_any` of the negation
+        # is four).
+        return tf.equal(tf.reduce_min(tf.cast(finished, tf.int32)), 0)
 
     def step(t, tokens, state, columns, attention_columns, history, finished, scores):
         logits, state, weights = model.decode_step(tokens, state, encoded, t)
@@ -242,7 +245,7 @@ def _sequential_search(
             history = _write_column(history, t, tokens, axis=1)
         if weights is None:
             weights = tf.zeros([batch, src_len], tf.float32)
-        weights = tf.where(finished[:, None], 0.0, tf.cast(weights, tf.float32))
+        weights = tf.where(tf.expand_dims(finished, 1), 0.0, tf.cast(weights, tf.float32))
         attention_columns = attention_columns.write(t, weights)
         next_t = t + 1  # once: an exported loop would compute each `t + 1` apart
         at_limit = next_t >= limits
