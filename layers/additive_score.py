@@ -15,6 +15,6 @@ def additive_score(projected_query, keys, v, bias=None):
     hidden = ops.expand_dims(projected_query, 2) + ops.expand_dims(keys, 1)
     if bias is not None:
         hidden = hidden + bias
-    # v as a one-column matrix: an exported graph runs this as one MatMul (the einsum with a
-    # vector, as tf2onnx decomposes it, is eight nodes at every decoding step).
+    # v as a one-column matrix: tf2onnx writes this as one MatMul, while it decomposes the
+    # einsum with a vector into reshapes and shape arithmetic at every decoding step.
     return ops.squeeze(ops.einsum("btsu,uo->btso", ops.tanh(hidden), v[:, None]), -1)

@@ -16,7 +16,7 @@ def gru_cell(x, h, recurrent_kernel, recurrent_bias):
         tf.matmul(h, recurrent_kernel) + recurrent_bias, [2 * units, units], axis=-1
     )
     zr = tf.sigmoid(x_zr + h_zr)
-    z, r = tf.split(zr, 2, axis=-1)  # one node in an exported loop; two slices are two
+    z, r = tf.split(zr, 2, axis=-1)  # one exported node a step, where slices are one each
     n = tf.tanh(x_n + r * h_n)
     return n + z * (h - n), zr, n, h_n
 

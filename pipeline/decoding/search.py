@@ -224,8 +224,8 @@ def _sequential_search(
 
     def not_done(t, tokens, state, columns, attention_columns, history, finished, scores):
         # Every source is finished at its limit, within `width`: no step count to compare. "Not
-        # all finished" as a minimum: three exported nodes a step (`reduce_any` of the negation
-        # is four).
+        # all finished" as a minimum: fewer exported nodes a step than `reduce_any` of the
+        # negation.
         return tf.equal(tf.reduce_min(tf.cast(finished, tf.int32)), 0)
 
     def step(t, tokens, state, columns, attention_columns, history, finished, scores):
