@@ -86,6 +86,12 @@ SCHEMA = {
                                "instead of test_*", nullable=True),
         "directions": Field(str, "all", "multiway: the directions trained: all, to_and_from:XX "
                             "(into and out of XX), or a list such as de-en,en-de"),
+        "multiway_synthetic": Field(dict, None, "multiway: {language code: file} of sources "
+                                    "translated from another language of multiway_train, "
+                                    "aligned with it", nullable=True),
+        "synthetic_directions": Field(str, None, "multiway: directions trained from "
+                                      "multiway_synthetic's sources to multiway_train's "
+                                      "targets, such as de-fr,fr-de", nullable=True),
         "sampling_temperature": Field(float, 5.0, "multiway: directions mixed with weights "
                                       "proportional to their lines^(1/T)", minimum=1.0),
         "skip_bad_lines": Field(bool, False, "skip training lines not in UTF-8 (or, in a TSV, "
@@ -239,7 +245,8 @@ SCHEMA = {
         "tpu_project": Field(str, None, "tpu: the TPU's cloud project for TPUClusterResolver "
                              "(null: its default)", nullable=True),
     },
-    # pipeline.distill: the training targets a teacher translates for this (student) model.
+    # pipeline.distill: the training targets a teacher translates for this (student) model;
+    # pipeline.backtranslate: a multilingual model's own translations into synthetic sources.
     "distill": {
         "int8": Field(bool, False, "the teacher translates with its int8 ONNX model (faster; "
                       "check its quality first)"),
@@ -277,7 +284,7 @@ SCHEMA = {
 RELOCATABLE_DATA_KEYS = (
     "train_source", "train_target", "train_tsv", "valid_source", "valid_target", "valid_tsv",
     "test_source", "test_target", "test_tsv", "train_corpora", "multiway_train",
-    "multiway_valid", "multiway_test", "skip_bad_lines",
+    "multiway_valid", "multiway_test", "multiway_synthetic", "skip_bad_lines",
     "vocab_sample_size", "source_vocabulary", "target_vocabulary", "source_language",
     "target_language",
 )  # fmt: skip
@@ -331,7 +338,8 @@ def _merge(config, overrides, where, base_dir, fields):
             if key == "train_corpora" and value is not None:
                 value = _check_corpora(value, f"{where}: data.train_corpora", base_dir)
             if key.startswith("multiway_") and value is not None:
-                value = _check_multiway(value, f"{where}: data.{key}", base_dir)
+                value = _check_multiway(value, f"{where}: data.{key}", base_dir,
+                                        1 if key == "multiway_synthetic" else 2)  # fmt: skip
             config[section][key] = value
 
 
@@ -397,9 +405,10 @@ def _check_corpora(corpora, where, base_dir):
     return checked
 
 
-def _check_multiway(files, where, base_dir):
-    """`{language code: file}` of at least two languages, paths resolved against `base_dir`."""
-    if len(files) < 2:
+def _check_multiway(files, where, base_dir, languages=2):
+    """`{language code: file}` of at least `languages` languages, paths resolved against
+    `base_dir`."""
+    if len(files) < languages:
         raise UserError(f"{where}: a multi-way set needs at least two languages")
     checked = {}
     for language, path in files.items():
@@ -431,9 +440,9 @@ def _check_consistency(config, where):
     if data["multiway_train"]:
         _check_multiway_consistency(data, where)
         return _check_training_settings(config, where)
-    for split in ("valid", "test"):
-        if data[f"multiway_{split}"]:
-            raise UserError(f"{where}: data.multiway_{split} needs data.multiway_train")
+    for key in ("multiway_valid", "multiway_test", "multiway_synthetic", "synthetic_directions"):
+        if data[key]:
+            raise UserError(f"{where}: data.{key} needs data.multiway_train")
     for split in ("train", "valid", "test"):
         pair = data[f"{split}_source"], data[f"{split}_target"]
         tsv = data[f"{split}_tsv"]
@@ -475,7 +484,33 @@ def _check_multiway_consistency(data, where):
         if extra:
             raise UserError(f"{where}: data.multiway_{split} has {extra[0]}, which "
                             "data.multiway_train does not")  # fmt: skip
-    multilingual.parse_directions(data["directions"], languages, f"{where}: data.directions")
+    trained = multilingual.parse_directions(data["directions"], languages,
+                                            f"{where}: data.directions")  # fmt: skip
+    _check_synthetic(data, languages, trained, where)
+
+
+def _check_synthetic(data, languages, trained, where):
+    """Synthetic directions and their sources come together, each direction from a language
+    given synthetic sources and not also trained from the set's own pairs."""
+    files, text = data["multiway_synthetic"] or {}, data["synthetic_directions"]
+    extra = sorted(set(files) - languages)
+    if extra:
+        raise UserError(f"{where}: data.multiway_synthetic has {extra[0]}, which "
+                        "data.multiway_train does not")  # fmt: skip
+    if bool(files) != bool(text):
+        given, missing = (("multiway_synthetic", "synthetic_directions") if files else
+                          ("synthetic_directions", "multiway_synthetic"))  # fmt: skip
+        raise UserError(f"{where}: data.{given} needs data.{missing}")
+    if not text:
+        return
+    named = f"{where}: data.synthetic_directions"
+    for direction in multilingual.parse_directions(text, languages, named):
+        if direction.source not in files:
+            raise UserError(f"{where}: data.synthetic_directions: {direction} needs a "
+                            f"{direction.source} file in data.multiway_synthetic")  # fmt: skip
+        if direction in trained:
+            raise UserError(f"{where}: data.synthetic_directions: {direction} is also in "
+                            "data.directions; train it from one of them")  # fmt: skip
 
 
 def _check_training_settings(config, where):

@@ -144,13 +144,16 @@ def student_config(config, teacher):
 class Distillation:
     """The teacher's translations of `source` into `folder`, resumable a block at a time."""
 
-    def __init__(self, folder, source, teachers, settings):
+    def __init__(self, folder, source, teachers, settings, target_language=None):
         self.folder, self.source = Path(folder), Path(source)
         self.teachers, self.settings = [Path(teacher) for teacher in teachers], settings
+        self.target_language = target_language  # a multilingual teacher's, else None
         self.partial, self.progress = self.folder / PARTIAL_FILE, self.folder / PROGRESS_FILE
         self.identity = {"source": str(self.source.resolve()),
                          "teacher": [str(teacher.resolve()) for teacher in self.teachers],
                          "int8": settings["int8"], "beam_size": settings["beam_size"]}  # fmt: skip
+        if target_language:
+            self.identity["target_language"] = target_language
 
     def export(self):
         """The ONNX export that translates: the teacher's, or its members' ensemble's."""
@@ -198,11 +201,14 @@ class Distillation:
         translator = registered(ONNX_TRANSLATOR)(self.export(), int8=settings["int8"],
                                                  batch_size=settings["batch_size"])  # fmt: skip
         options = {"beam_size": self.settings["beam_size"]} if self.settings["beam_size"] else {}
+        if self.target_language:
+            options["target_language"] = self.target_language
+        asked = f" into {self.target_language}" if self.target_language else ""
         with writing(self.partial), open(self.partial, "ab") as partial:
             partial.truncate(size)  # what a stop left after the last recorded block
             remaining = islice(iter_lines(self.source), lines, None)
             with tqdm(total=total, initial=lines, unit="sent", file=sys.stderr,
-                      desc="Teacher translating") as bar:  # fmt: skip
+                      desc=f"Teacher translating{asked}") as bar:  # fmt: skip
                 while block := list(islice(remaining, BLOCK_LINES)):
                     best = translator.translate_n_best(block, 1, progress=bar.update, **options)
                     text = "".join(f"{n_best[0][1]:.4f}\t{n_best[0][0]}\n" for n_best in best)

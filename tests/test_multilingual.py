@@ -85,6 +85,21 @@ def multiway_config(tmp_path, files, overrides=()):
     ("data:\n  train_source: a.de\n  train_target: a.en\n  multiway_valid: {de: v.de, en: v.en}\n",
      "data.multiway_valid needs data.multiway_train"),
     ("data:\n  multiway_train: [a.de, a.en]\n", "data.multiway_train must be a mapping"),
+    ("data:\n  multiway_train: {de: a.de, en: a.en, fr: a.fr}\n  shared_vocabulary: true\n"
+     "  directions: to_and_from:en\n  multiway_synthetic: {de: s.de}\n",
+     "data.multiway_synthetic needs data.synthetic_directions"),
+    ("data:\n  multiway_train: {de: a.de, en: a.en, fr: a.fr}\n  shared_vocabulary: true\n"
+     "  directions: to_and_from:en\n  multiway_synthetic: {de: s.de}\n"
+     "  synthetic_directions: fr-de\n",
+     "data.synthetic_directions: fr-de needs a fr file in data.multiway_synthetic"),
+    ("data:\n  multiway_train: {de: a.de, en: a.en}\n  shared_vocabulary: true\n"
+     "  multiway_synthetic: {de: s.de}\n  synthetic_directions: de-en\n",
+     "data.synthetic_directions: de-en is also in data.directions"),
+    ("data:\n  multiway_train: {de: a.de, en: a.en}\n  shared_vocabulary: true\n"
+     "  multiway_synthetic: {cs: s.cs}\n  synthetic_directions: cs-en\n",
+     "data.multiway_synthetic has cs"),
+    ("data:\n  train_source: a.de\n  train_target: a.en\n  synthetic_directions: de-en\n",
+     "data.synthetic_directions needs data.multiway_train"),
 ])  # fmt: skip
 def test_a_bad_multiway_configuration_is_one_line_naming_the_key(tmp_path, yaml, says):
     config = tmp_path / "config.yaml"
@@ -137,6 +152,26 @@ def test_the_directions_are_read_tagged_aligned_and_mixed_as_configured(tmp_path
     lines = {str(d): (test.sources[a:b], test.targets[a:b]) for d, a, b in test.directions}
     assert lines["en-de"][0][0] == "<2de> en 0" and lines["en-de"][1][0] == "de 0"
     assert lines["de-en"][0][7] == "" and lines["de-en"][0][8] == "<2en> de 8"
+
+
+def test_synthetic_sources_train_their_directions_beside_the_sets_own(tmp_path):
+    lines = {language: [f"{language} {i}" for i in range(40)] for language in ("de", "en", "fr")}
+    files = write_multiway(tmp_path, lines)
+    synthetic = tmp_path / "synthetic.de.txt"
+    synthetic.write_text("".join(f"de* {i}\n" for i in range(40)))
+    config = multiway_config(tmp_path, files, ["data.directions=to_and_from:en",
+                                               f"data.multiway_synthetic={{de: {synthetic}}}",
+                                               "data.synthetic_directions=de-fr"])  # fmt: skip
+    logged = []
+    corpora, _, _, _ = scan_multiway(config["data"], 30, log=logged.append)
+    assert [c.name for c in corpora] == ["de-en", "en-de", "en-fr", "fr-en", "de-fr"]
+    made = corpora[-1]
+    assert made.shards[0].source == str(synthetic) and made.shards[0].target == files["fr"]
+    assert made.source_prefix == "<2fr> " and corpora[0].shards[0].source == files["de"]
+    assert "train: de-fr: 40 lines, 20.0% of the mix" in logged
+    synthetic.write_text("de* 0\n")
+    with pytest.raises(UserError, match=r"aligned line by line: .*synthetic.de.txt has 1"):
+        scan_multiway(config["data"], 30, log=lambda _: None)
 
 
 def test_requests_are_tagged_for_a_multilingual_model_and_checked():
@@ -477,3 +512,61 @@ def test_the_tag_is_left_out_of_alignments_and_plots(trained):
     assert leading_tag_pieces(["▁", "<2fr>", "▁Ein"], ["de", "fr"]) == 2
     assert leading_tag_pieces(["<2fr>", "▁Ein"], ["fr"]) == 1
     assert leading_tag_pieces(["▁", "Ein"], ["fr"]) == 0
+
+
+def test_backtranslation_picks_the_untrained_directions_and_a_pivot_into_their_sources():
+    from pipeline.backtranslate import pivot_language, untrained_directions
+
+    data = {"multiway_train": dict.fromkeys(FOUR, "f"), "directions": "to_and_from:en",
+            "synthetic_directions": None}  # fmt: skip
+    unseen = untrained_directions(data)
+    assert len(unseen) == 6 and all("en" not in (d.source, d.target) for d in unseen)
+    assert pivot_language(data, ["cs", "de", "fr"]) == "en"
+    assert untrained_directions(data, "de-fr") == [Direction("de", "fr")]
+    with pytest.raises(UserError, match="--directions: the model trains de-en already"):
+        untrained_directions(data, "de-en")
+    with pytest.raises(UserError, match="--pivot de: the model does not translate de into"):
+        pivot_language(data, ["cs", "fr"], "de")
+    chain = {**data, "directions": "de-en,en-fr,fr-cs"}
+    with pytest.raises(UserError, match="no language of the set is translated by the model into"):
+        pivot_language(chain, ["cs", "de", "en", "fr"])
+    everything = {**data, "directions": "all"}
+    with pytest.raises(UserError, match="trains every direction of its set already"):
+        untrained_directions(everything)
+
+
+def test_backtranslation_teaches_the_untrained_directions_from_the_models_translations(
+    trained, exported, tmp_path, capsys
+):
+    import shutil
+
+    from export.runtime import OnnxTranslator
+    from pipeline import backtranslate
+    from pipeline.data.corpus import read_lines
+
+    model = tmp_path / "model"
+    shutil.copytree(trained, model, ignore=shutil.ignore_patterns("checkpoints", "logs"))
+    (model / "export").symlink_to(exported)
+    workdir = tmp_path / "backtranslated"
+    history = backtranslate.main(["--model", str(model), "--workdir", str(workdir),
+                                  "--set", "distill.beam_size=1", "--set", "train.epochs=1",
+                                  "--set", "train.bleu_every_epochs=0",
+                                  "--set", "data.multiway_test=null"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert "Back-translation: en -> de, the sources of de-fr" in captured.out
+    assert "train: fr-de: " in captured.out and len(history["loss"]) == 1
+    english = read_lines(SMOKE.parent.parent / "data" / "multi30k" / "val.en.gz")
+    translator = OnnxTranslator(exported / "onnx")
+    for language in ("de", "fr"):
+        made = read_lines(workdir / backtranslate.BACKTRANSLATED_DIR / language /
+                          "train.target.txt")  # fmt: skip
+        assert len(made) == len(english)
+        assert made[:5] == translator.translate(english[:5], target_language=language,
+                                                beam_size=1)  # fmt: skip
+    saved = load_config(workdir / "config.yaml", saved=True)["data"]
+    assert saved["synthetic_directions"] == "de-fr,fr-de"
+    assert (workdir / "model.keras").is_file()
+    with pytest.raises(SystemExit) as stopped:
+        backtranslate.main(["--model", str(workdir), "--workdir", str(tmp_path / "again")])
+    assert stopped.value.code == 2
+    assert "no ONNX export" in capsys.readouterr().err

@@ -38,7 +38,7 @@ def test_no_package_imports_one_downstream_of_it(package, forbidden):
 
 
 # `python -m pipeline.X`
-COMMANDS = {"train", "translate", "evaluate", "score", "average", "distill"}
+COMMANDS = {"train", "translate", "evaluate", "score", "average", "distill", "backtranslate"}
 CORE, DATA, MODELS, DECODING = "core", "data", "model_types", "decoding"
 # What each part of the project may import from `pipeline`: itself and what is upstream.
 UPSTREAM = {

@@ -8,7 +8,9 @@ same text before a sentence and so gives the same ids.
 
 The set is a file per language, aligned line by line across all of them (`data.multiway_*`).
 `data.directions` picks the ordered pairs to train; the others are left for zero-shot
-translation (`pipeline.data.corpus.scan_multiway` reads the set and mixes the directions).
+translation, or learnt from the model's own translations of a pivot language
+(`data.synthetic_directions`, which `pipeline.backtranslate` writes);
+`pipeline.data.corpus.scan_multiway` reads the set and mixes the directions.
 Plain Python: the configuration, the data pipeline and every runtime read it.
 """
 
@@ -109,8 +111,16 @@ def _check_language(language, known, where):
                         f"{', '.join(known)}")  # fmt: skip
 
 
+def synthetic_directions(data):
+    """The directions trained from `data.multiway_synthetic`'s sources ([] without)."""
+    text = data.get("synthetic_directions")
+    return parse_directions(text, languages(data), "data.synthetic_directions") if text else []
+
+
 def training_directions(data):
-    return parse_directions(data["directions"], languages(data))
+    """Every direction the model trains: from the set's own pairs, then from synthetic
+    sources."""
+    return parse_directions(data["directions"], languages(data)) + synthetic_directions(data)
 
 
 def tag_requests(sentences, languages_asked, known, own_target=None, name="target_language",

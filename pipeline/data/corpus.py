@@ -381,8 +381,9 @@ def temperature_weights(sizes, temperature):
 
 def scan_multiway(data_config, sample_size=0, seed=0, log=print):
     """`scan_training_corpora` for a multi-way set: each language's file counted and checked
-    once, a training corpus a direction of `data.directions` (its sources tagged, its weight
-    by `data.sampling_temperature`), aligned samples of `sample_size` lines a language.
+    once, a training corpus a direction of `data.directions` and of `data.synthetic_directions`
+    (whose sources are `data.multiway_synthetic`'s), its sources tagged, its weight by
+    `data.sampling_temperature`; aligned samples of `sample_size` lines a language.
     Returns `(corpora, source sample, target sample, vocabulary sample)`: pairs of the
     directions in turn, for the batch estimate, and every language's lines in equal number,
     for a shared vocabulary."""
@@ -396,14 +397,21 @@ def scan_multiway(data_config, sample_size=0, seed=0, log=print):
         counts[language], bad[language] = scan_file(path, False, skip,
                                                     (reservoir,) if reservoir else ())  # fmt: skip
         samples[language] = reservoir.lines if reservoir else []
+    synthetic = data_config["multiway_synthetic"] or {}
+    for language, path in sorted(synthetic.items()):
+        name = f"{language} (synthetic)"
+        counts[name], bad[name] = scan_file(path, False, skip, ())
+        files = {**files, name: path}
     _check_multiway_counts(files, counts)
     directions = multilingual.training_directions(data_config)
+    made = set(multilingual.synthetic_directions(data_config))
+    sources = {d: f"{d.source} (synthetic)" if d in made else d.source for d in directions}
     shares = temperature_weights(
-        [counts[d.source] for d in directions], data_config["sampling_temperature"]
+        [counts[sources[d]] for d in directions], data_config["sampling_temperature"]
     )
     corpora = [
-        TrainingCorpus(str(d), (Shard(files[d.source], files[d.target], counts[d.source]),),
-                       share, bad[d.source] + bad[d.target],
+        TrainingCorpus(str(d), (Shard(files[sources[d]], files[d.target], counts[d.source]),),
+                       share, bad[sources[d]] + bad[d.target],
                        multilingual.language_tag(d.target) + " ")
         for d, share in zip(directions, shares)
     ]  # fmt: skip
