@@ -258,6 +258,9 @@ SCHEMA = {
                            "this (null: keep all)", nullable=True),
         "keep_references": Field(bool, False, "train on the original pairs too, beside the "
                                  "distilled ones"),
+        # Kim and Rush's sequence-level interpolation: the teacher keeps its beam's n-best.
+        "interpolate": Field(bool, False, "train on the hypothesis of the teacher's beam "
+                             "closest to the reference (sentence BLEU), not its best"),
     },
     "export": {
         "after_training": Field(bool, False, "export in export.formats when training ends (needs "

@@ -13,8 +13,9 @@ teacher's translations of the training sources.
    written, and the corpus files appear, each whole, only once every line is translated.
 2. The student then trains on them as `pipeline.train` trains (reports, checkpoints, resuming,
    export), in the teacher's vocabularies. `distill.min_score` drops the pairs the teacher
-   scores lowest; `distill.keep_references` adds the original pairs. Changing either
-   rewrites the corpus from the translations already made.
+   scores lowest; `distill.keep_references` adds the original pairs; `distill.interpolate`
+   trains on the hypothesis of the teacher's beam closest to the reference. Changing the
+   first two rewrites the corpus from the translations already made.
 
 A command rather than a `data.distill_from` key: the distilled corpus is a product of its own,
 made once by a long translation with another model's runtime, and this keeps that phase and its
@@ -32,7 +33,8 @@ from pipeline.core.atomic_files import open_atomically, write_text_atomically, w
 from pipeline.core.errors import UserError, report_user_errors
 
 DISTILLED_DIR = "distilled"  # in the student's work directory
-PARTIAL_FILE = "translations.partial"  # score<TAB>translation lines, a block at a time
+# score<TAB>translation lines (the n-best's pairs side by side, where kept), a block at a time
+PARTIAL_FILE = "translations.partial"
 PROGRESS_FILE = "progress.json"  # the lines and bytes of PARTIAL_FILE that are complete
 CORPUS_FILES = ("train.source.txt", "train.target.txt")  # the student's training pairs
 DONE_FILE = "done.json"  # written last: what the corpus holds
@@ -141,10 +143,22 @@ def student_config(config, teacher):
     return {**config, "data": data}
 
 
+def closest_to_reference(hypotheses, reference):
+    """Of a teacher's (translation, score) hypotheses, best first, the one of highest sentence
+    BLEU against `reference`, the teacher's order breaking ties: the target of Kim and Rush's
+    (2016) sequence-level interpolation."""
+    import sacrebleu
+
+    bleu = sacrebleu.metrics.BLEU(effective_order=True)
+    return max(hypotheses, key=lambda pair: bleu.sentence_score(pair[0], [reference]).score)
+
+
 class Distillation:
     """The teacher's translations of `source` into `folder`, resumable a block at a time."""
 
-    def __init__(self, folder, source, teachers, settings, target_language=None):
+    def __init__(self, folder, source, teachers, settings, target_language=None, n_best=False):
+        """`n_best`: keep every hypothesis of the teacher's beam, best first (for
+        `closest_to_reference`), not its best alone."""
         self.folder, self.source = Path(folder), Path(source)
         self.teachers, self.settings = [Path(teacher) for teacher in teachers], settings
         self.target_language = target_language  # a multilingual teacher's, else None
@@ -154,6 +168,9 @@ class Distillation:
                          "int8": settings["int8"], "beam_size": settings["beam_size"]}  # fmt: skip
         if target_language:
             self.identity["target_language"] = target_language
+        self.n_best = n_best
+        if n_best:
+            self.identity["n_best"] = True
 
     def export(self):
         """The ONNX export that translates: the teacher's, or its members' ensemble's."""
@@ -161,15 +178,16 @@ class Distillation:
             return teacher_export(self.teachers[0])
         return ensemble_export(self.teachers, self.folder / ENSEMBLE_TEACHER_DIR)
 
-    def done(self, keep_references, min_score):
+    def done(self, keep_references, min_score, interpolate=False):
         """Whether the corpus is written from this teacher's translations with these settings
         (other settings rewrite it from the translations, without translating again)."""
         path = self.folder / DONE_FILE
         if not path.is_file():
             return False
         report = json.loads(path.read_text())
-        written = report["identity"], report["references"], report.get("min_score")
-        return written == (self.identity, keep_references, min_score)
+        written = (report["identity"], report["references"], report.get("min_score"),
+                   report.get("interpolate", False))  # fmt: skip
+        return written == (self.identity, keep_references, min_score, interpolate)
 
     def completed(self):
         """(lines, bytes) of the partial file that are complete (0, 0 for a new start, or when
@@ -201,6 +219,13 @@ class Distillation:
         translator = registered(ONNX_TRANSLATOR)(self.export(), int8=settings["int8"],
                                                  batch_size=settings["batch_size"])  # fmt: skip
         options = {"beam_size": self.settings["beam_size"]} if self.settings["beam_size"] else {}
+        beam = options.get("beam_size") or translator.metadata["defaults"].get("beam_size", 1)
+        if self.n_best and beam == 1:
+            raise UserError(
+                "distill.interpolate chooses among the hypotheses of the teacher's "
+                "beam: set distill.beam_size above 1 (the teacher searches greedily)"
+            )
+        n_best = beam if self.n_best else 1
         if self.target_language:
             options["target_language"] = self.target_language
         asked = f" into {self.target_language}" if self.target_language else ""
@@ -210,8 +235,11 @@ class Distillation:
             with tqdm(total=total, initial=lines, unit="sent", file=sys.stderr,
                       desc=f"Teacher translating{asked}") as bar:  # fmt: skip
                 while block := list(islice(remaining, BLOCK_LINES)):
-                    best = translator.translate_n_best(block, 1, progress=bar.update, **options)
-                    text = "".join(f"{n_best[0][1]:.4f}\t{n_best[0][0]}\n" for n_best in best)
+                    lists = translator.translate_n_best(block, n_best, progress=bar.update,
+                                                        **options)  # fmt: skip
+                    text = "".join("\t".join(f"{score:.4f}\t{translation.replace(chr(9), ' ')}"
+                                             for translation, score in hypotheses) + "\n"
+                                   for hypotheses in lists)  # fmt: skip
                     partial.write(text.encode("utf-8"))
                     partial.flush()
                     os.fsync(partial.fileno())
@@ -219,18 +247,27 @@ class Distillation:
                     record = {"identity": self.identity, "lines": lines, "bytes": size}
                     write_text_atomically(self.progress, json.dumps(record) + "\n")
 
-    def write_corpus(self, target, keep_references, min_score):
+    def write_corpus(self, target, keep_references, min_score, interpolate=False):
         """The student's training files from the finished translations (and the references);
-        returns (source path, target path, the report)."""
+        returns (source path, target path, the report). `interpolate`: each source's
+        hypothesis closest to its reference in `target`, not the teacher's best."""
         from pipeline.data.corpus import iter_lines
 
         source_path, target_path = (self.folder / name for name in CORPUS_FILES)
-        kept = dropped = 0
+        kept = dropped = moved = 0
+        lines = zip(iter_lines(self.source), iter_lines(self.partial), strict=True)
+        if interpolate:
+            references = iter_lines(target)
+            lines = ((*pair, reference) for pair, reference in zip(lines, references, strict=True))
         with open_atomically(source_path) as sources, open_atomically(target_path) as targets:
-            translations = iter_lines(self.partial)
-            for source, line in zip(iter_lines(self.source), translations, strict=True):
-                score, _, translation = line.partition("\t")
-                if min_score is not None and float(score) < min_score:
+            for source, line, *reference in lines:
+                fields = line.split("\t")
+                hypotheses = list(zip(fields[1::2], map(float, fields[0::2])))
+                translation, score = hypotheses[0]
+                if reference:
+                    translation, score = closest_to_reference(hypotheses, reference[0])
+                    moved += translation != hypotheses[0][0]
+                if min_score is not None and score < min_score:
                     dropped += 1
                     continue
                 sources.write(source + "\n")
@@ -241,7 +278,8 @@ class Distillation:
                     sources.write(source + "\n")
                     targets.write(reference + "\n")
         report = {"identity": self.identity, "distilled_pairs": kept, "dropped": dropped,
-                  "references": keep_references, "min_score": min_score}  # fmt: skip
+                  "references": keep_references, "min_score": min_score,
+                  "interpolate": interpolate, "not_the_teachers_best": moved}  # fmt: skip
         write_text_atomically(self.folder / DONE_FILE, json.dumps(report, indent=1) + "\n")
         return source_path, target_path, report
 
@@ -258,15 +296,17 @@ def main(argv=None):
     workdir = args.workdir or Path("runs") / args.config.stem
     settings, data = config["distill"], config["data"]
     distillation = Distillation(workdir / DISTILLED_DIR, data["train_source"], args.teacher,
-                                settings)  # fmt: skip
+                                settings, n_best=settings["interpolate"])  # fmt: skip
     source, target = (distillation.folder / name for name in CORPUS_FILES)
-    corpus_settings = settings["keep_references"], settings["min_score"]
+    corpus_settings = settings["keep_references"], settings["min_score"], settings["interpolate"]
     if not distillation.done(*corpus_settings):
         distillation.translate()
         source, target, report = distillation.write_corpus(data["train_target"], *corpus_settings)
         references = ", with the references" if settings["keep_references"] else ""
+        closest = (f", {report['not_the_teachers_best']:,} closest to their reference below the "
+                   "teacher's best" if settings["interpolate"] else "")  # fmt: skip
         log(f"Distilled corpus: {report['distilled_pairs']:,} pairs, {report['dropped']:,} "
-            f"dropped below distill.min_score{references}")  # fmt: skip
+            f"dropped below distill.min_score{closest}{references}")  # fmt: skip
     config["data"] = {**data, "train_source": str(source), "train_target": str(target)}
     return train_in(config, workdir, args.wait)
 

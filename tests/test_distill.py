@@ -107,6 +107,42 @@ def test_other_corpus_settings_rewrite_the_corpus_from_the_translations_made(
     assert distillation.done(True, None) and not distillation.done(False, None)
 
 
+def test_interpolation_trains_on_the_hypothesis_of_the_beam_closest_to_the_reference(
+    exported_workdir, tmp_path
+):
+    """distill.interpolate (Kim and Rush's sequence-level interpolation): the teacher keeps its
+    beam's hypotheses, and the corpus holds, for each source, the one closest to its reference.
+    With each reference made the teacher's second hypothesis, that one is chosen wherever it
+    differs from the first."""
+    from pipeline.config import load_config
+
+    settings = load_config(SMOKE, ["distill.interpolate=true"])["distill"]
+    source = tmp_path / "source.de"
+    source.write_text("\n".join(read_lines(SMOKE.parent.parent / "data" / "multi30k" /
+                                          "val.de.gz")[:40]) + "\n")  # fmt: skip
+    distillation = distill.Distillation(tmp_path / "made", source, [exported_workdir], settings,
+                                        n_best=True)  # fmt: skip
+    distillation.translate()
+    beam = json.loads((exported_workdir / "export" / "onnx" / "model.json").read_text())
+    lines = [line.split("\t") for line in read_lines(distillation.folder / distill.PARTIAL_FILE)]
+    assert {len(fields) for fields in lines} == {2 * beam["defaults"]["beam_size"]}
+    scores = [list(map(float, fields[0::2])) for fields in lines]
+    assert all(row == sorted(row, reverse=True) for row in scores)  # best first
+    references = tmp_path / "references.en"
+    references.write_text("".join(fields[3] + "\n" for fields in lines))
+    _, target, report = distillation.write_corpus(references, False, None, interpolate=True)
+    differing = [fields[3] != fields[1] for fields in lines]
+    assert read_lines(target) == [fields[3] for fields in lines]
+    assert report["not_the_teachers_best"] == sum(differing) > 0
+    assert distillation.done(False, None, True) and not distillation.done(False, None)
+    assert distill.closest_to_reference([("a dog", -1.0), ("a dog", -2.0)], "a dog") == (
+        "a dog", -1.0)  # fmt: skip
+    greedy = {**settings, "beam_size": 1}
+    with pytest.raises(UserError, match=r"distill.interpolate .* set distill.beam_size above 1"):
+        distill.Distillation(tmp_path / "greedy", source, [exported_workdir], greedy,
+                             n_best=True).translate()  # fmt: skip
+
+
 def test_an_ensemble_of_a_teacher_with_itself_teaches_what_the_teacher_does(
     exported_workdir, tmp_path, monkeypatch
 ):
