@@ -111,6 +111,9 @@ def main(argv=None):
     pivot = pivot_language(data, sources, args.pivot)
     workdir = args.workdir or Path("runs") / f"{args.model.name}_backtranslated"
     settings = load_config(saved, args.set, saved=True)["distill"]
+    if settings["interpolate"]:
+        raise UserError("distill.interpolate chooses among translations by their reference: "
+                        "back-translation's have none (the point is to learn without)")  # fmt: skip
     synthetic = dict(data["multiway_synthetic"] or {})
     for language in sources:
         log(f"Back-translation: {pivot} -> {language}, the sources of "

@@ -570,3 +570,6 @@ def test_backtranslation_teaches_the_untrained_directions_from_the_models_transl
         backtranslate.main(["--model", str(workdir), "--workdir", str(tmp_path / "again")])
     assert stopped.value.code == 2
     assert "no ONNX export" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        backtranslate.main(["--model", str(model), "--set", "distill.interpolate=true"])
+    assert "back-translation's have none" in capsys.readouterr().err
