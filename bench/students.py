@@ -121,11 +121,17 @@ class Bench:
                  *overrides([*self.in_teacher_vocabulary(), *self.quick])])  # fmt: skip
 
     def systems(self):
-        """name -> the work directories of a system (several: an ensemble)."""
+        """name -> the work directories of a system (several: an ensemble), of those trained
+        (a part not run yet leaves its system out, and says so)."""
         others = {name: [self.root / name] for name in self.args.other_students}
-        return {"default": [self.members[0]], "teacher_ensemble": self.members,
-                "student": [self.root / "student"],
-                "student_references": [self.root / "student_references"], **others}  # fmt: skip
+        named = {"default": [self.members[0]], "teacher_ensemble": self.members,
+                 "student": [self.root / "student"],
+                 "student_references": [self.root / "student_references"], **others}  # fmt: skip
+        trained = {name: workdirs for name, workdirs in named.items()
+                   if all((workdir / "model.keras").exists() for workdir in workdirs)}  # fmt: skip
+        if missing := sorted(named.keys() - trained.keys()):
+            print(f"not trained yet, left out: {', '.join(missing)}")
+        return trained
 
     def timed(self):
         """The systems whose speed is measured (the student trained on the references runs as
@@ -135,8 +141,9 @@ class Bench:
 
     def exports(self):
         """name -> its ONNX export folder (the ensemble's written under ROOT once)."""
-        found = {name: workdirs[0] / "export" / "onnx" for name, workdirs in self.systems().items()}
-        for name, workdirs in self.systems().items():
+        systems = self.systems()
+        found = {name: workdirs[0] / "export" / "onnx" for name, workdirs in systems.items()}
+        for name, workdirs in systems.items():
             if len(workdirs) == 1 and not (found[name] / "model.json").exists():
                 run(["-m", "export", "--workdir", workdirs[0], "--formats", "onnx"])
         ensemble = self.root / "teacher_ensemble" / "onnx"
