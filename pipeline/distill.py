@@ -303,8 +303,9 @@ def main(argv=None):
         distillation.translate()
         source, target, report = distillation.write_corpus(data["train_target"], *corpus_settings)
         references = ", with the references" if settings["keep_references"] else ""
-        closest = (f", {report['not_the_teachers_best']:,} closest to their reference below the "
-                   "teacher's best" if settings["interpolate"] else "")  # fmt: skip
+        closest = (f", {report['not_the_teachers_best']:,} of them a hypothesis of the beam "
+                   "closer to the reference than the teacher's best"
+                   if settings["interpolate"] else "")  # fmt: skip
         log(f"Distilled corpus: {report['distilled_pairs']:,} pairs, {report['dropped']:,} "
             f"dropped below distill.min_score{closest}{references}")  # fmt: skip
     config["data"] = {**data, "train_source": str(source), "train_target": str(target)}
