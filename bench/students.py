@@ -303,6 +303,32 @@ class Bench:
             server.terminate()
             server.wait(timeout=10)
 
+    def report_ratios(self):
+        """Each system's sentences/s over the default model's, each with its recipe's search
+        (the default model's beam 5, a greedy export's greedy), round by round: the rounds
+        took turns, so their ratios are what to read."""
+        rounds = {(row["system"], row["int8"], row["batch"], row["beam"]): row["sentences_per_s"]
+                  for row in self.results["speed"]}  # fmt: skip
+        print("\n### Against the default model, each with its recipe's search: per-round "
+              "ratios (median)\n")  # fmt: skip
+        print("| system | weights | batch 1 | batch 64 |")
+        print("|---|---|---|---|")
+        for name in dict.fromkeys(system for system, *_ in rounds):
+            if name == "default":
+                continue
+            beam = 1 if (name, False, 1, 5) not in rounds else 5
+            cells = []
+            for int8 in (False, True):
+                row = []
+                for batch in (1, 64):
+                    ratios = [ours / theirs for ours, theirs in
+                              zip(rounds[(name, int8, batch, beam)],
+                                  rounds[("default", int8, batch, 5)])]  # fmt: skip
+                    each = " ".join(f"{r:.2f}" for r in ratios)
+                    row.append(f"{each} ({statistics.median(ratios):.2f})")
+                cells.append(f"| {name} | {'int8' if int8 else 'float32'} | {' | '.join(row)} |")
+            print("\n".join(cells))
+
     def report(self):
         print(
             f"# {platform.node()}: {self.args.student.name}, teacher recipe "
@@ -340,6 +366,8 @@ class Bench:
                     f"| {name} | {weights} | {batch} | {beams.get(1, 0):.1f} | "
                     f"{beams.get(5, 0):.1f} |"
                 )
+        if "speed" in self.results:
+            self.report_ratios()
         if "browser" in self.results:
             print("\n### Chromium, the page's own code, one sentence at a time, sentences/s\n")
             for row in self.results["browser"]:
