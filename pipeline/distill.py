@@ -23,6 +23,7 @@ progress apart from a training that any recipe can then repeat.
 """
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -143,13 +144,18 @@ def student_config(config, teacher):
     return {**config, "data": data}
 
 
+@functools.cache
+def _sentence_bleu():
+    import sacrebleu
+
+    return sacrebleu.metrics.BLEU(effective_order=True)
+
+
 def closest_to_reference(hypotheses, reference):
     """Of a teacher's (translation, score) hypotheses, best first, the one of highest sentence
     BLEU against `reference`, the teacher's order breaking ties: the target of Kim and Rush's
     (2016) sequence-level interpolation."""
-    import sacrebleu
-
-    bleu = sacrebleu.metrics.BLEU(effective_order=True)
+    bleu = _sentence_bleu()
     return max(hypotheses, key=lambda pair: bleu.sentence_score(pair[0], [reference]).score)
 
 
@@ -225,7 +231,7 @@ class Distillation:
                 "distill.interpolate chooses among the hypotheses of the teacher's "
                 "beam: set distill.beam_size above 1 (the teacher searches greedily)"
             )
-        n_best = beam if self.n_best else 1
+        kept_per_source = beam if self.n_best else 1
         if self.target_language:
             options["target_language"] = self.target_language
         asked = f" into {self.target_language}" if self.target_language else ""
@@ -235,7 +241,7 @@ class Distillation:
             with tqdm(total=total, initial=lines, unit="sent", file=sys.stderr,
                       desc=f"Teacher translating{asked}") as bar:  # fmt: skip
                 while block := list(islice(remaining, BLOCK_LINES)):
-                    lists = translator.translate_n_best(block, n_best, progress=bar.update,
+                    lists = translator.translate_n_best(block, kept_per_source, progress=bar.update,
                                                         **options)  # fmt: skip
                     text = "".join("\t".join(f"{score:.4f}\t{translation.replace(chr(9), ' ')}"
                                              for translation, score in hypotheses) + "\n"
