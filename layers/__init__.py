@@ -5,6 +5,7 @@ import warnings
 from layers.attention_decoder import AttentionDecoder
 from layers.bahdanau_attention import BahdanauAttention
 from layers.causal_self_attention import CausalSelfAttention
+from layers.convolutional_encoder import ConvolutionalEncoder
 from layers.encoder_decoder_model import EncoderDecoderModel
 from layers.fused_gru import FusedGRU
 from layers.fused_lstm import FusedLSTM
@@ -26,6 +27,7 @@ __all__ = [
     "AttentionDecoder",
     "BahdanauAttention",
     "CausalSelfAttention",
+    "ConvolutionalEncoder",
     "EncoderDecoderModel",
     "FusedGRU",
     "FusedLSTM",

@@ -4,18 +4,14 @@ Ludicrously Fast Neural Machine Translation") pair a Transformer encoder with a 
 recurrent decoder."""
 
 import keras
-import keras_hub
-from keras import ops
 
-from layers.masking import sequence_mask
-from layers.recurrent_layers import token_embedding
-from layers.sixteen_bit_dropout import SixteenBitDropout
+from layers.positional_encoder import PositionalEncoder
 from layers.special_tokens import PAD_ID
 from layers.transformer_encoder_layer import TransformerEncoderLayer
 
 
 @keras.saving.register_keras_serializable(package="seq2seq")
-class SelfAttentionEncoder(keras.layers.Layer):
+class SelfAttentionEncoder(PositionalEncoder):
     """Embeds source tokens, adds sinusoidal positions (Vaswani et al., 2017) and runs a stack
     of Transformer encoder layers over them; in `RecurrentEncoder`'s place, with its outputs.
 
@@ -31,14 +27,7 @@ class SelfAttentionEncoder(keras.layers.Layer):
             post-norm.
         pad_id: id of the padding token; padded positions are masked.
 
-    Call:
-        source_ids: int `[batch, src_len]`, right-padded with `pad_id`.
-
-    Returns:
-        outputs: `[batch, src_len, model_dim]`.
-        final_states: one layer of one state, `((mean,),)`: the mean of the outputs over the
-            real tokens, `[batch, model_dim]`, for the bridge to the decoder's initial state.
-        mask: boolean `[batch, src_len]`, True at real tokens.
+    Call and returns: as `PositionalEncoder`'s.
     """
 
     def __init__(
@@ -54,28 +43,18 @@ class SelfAttentionEncoder(keras.layers.Layer):
         pad_id=PAD_ID,
         **kwargs,
     ):
-        super().__init__(**kwargs)
+        super().__init__(vocab_size, model_dim, dropout, pad_id, **kwargs)
         if int(num_layers) < 1:
             raise ValueError(f"num_layers must be at least 1, got {num_layers}")
         if int(model_dim) % int(num_heads):
             raise ValueError(f"model_dim ({model_dim}) must divide by num_heads ({num_heads})")
-        self.vocab_size = int(vocab_size)
-        self.model_dim = int(model_dim)
         self.num_layers = int(num_layers)
         self.num_heads = int(num_heads)
         self.ffn_dim = int(ffn_dim)
-        self.dropout_rate = float(dropout)
         self.attention_dropout_rate = float(
             dropout if attention_dropout is None else attention_dropout
         )
         self.normalize_first = bool(normalize_first)
-        self.pad_id = int(pad_id)
-
-        # N(0, 1) like the recurrent encoder's: a decoder may share it, and unit-variance
-        # inputs are what a Transformer's scaled N(0, 1/d) embedding gives too.
-        self.embedding = token_embedding(vocab_size, model_dim)
-        self.positions = keras_hub.layers.SinePositionEncoding(name="positions")
-        self.dropout = SixteenBitDropout(self.dropout_rate)
         self.encoder_layers = [
             TransformerEncoderLayer(
                 self.ffn_dim,
@@ -94,56 +73,30 @@ class SelfAttentionEncoder(keras.layers.Layer):
             else None
         )
 
-    @property
-    def output_dim(self):
-        return self.model_dim
-
-    @property
-    def state_sizes(self):
-        """Sizes of `final_states`: one layer of one state."""
-        return ((self.model_dim,),)
-
     def build(self, source_ids_shape):
-        if not self.embedding.built:  # a shared embedding is built once
-            self.embedding.build(source_ids_shape)
+        super().build(source_ids_shape)
         sequence = (source_ids_shape[0], source_ids_shape[1], self.model_dim)
-        self.positions.build(sequence)
         for layer in self.encoder_layers:
             layer.build(sequence)
         if self.output_norm is not None:
             self.output_norm.build(sequence)
 
     def call(self, source_ids, training=None):
-        mask = sequence_mask(source_ids, self.pad_id)
-        x = self.embedding(source_ids)
-        x = self.dropout(x + ops.cast(self.positions(x), x.dtype), training=training)
+        x, mask = self.embed(source_ids)
+        x = self.dropout(x, training=training)
         for layer in self.encoder_layers:
             x = layer(x, padding_mask=mask, training=training)
         if self.output_norm is not None:
             x = self.output_norm(x)
-        real = ops.cast(mask, x.dtype)[:, :, None]
-        count = ops.maximum(ops.sum(real, axis=1), ops.cast(1, x.dtype))
-        mean = ops.sum(x * real, axis=1) / count
-        return x, ((mean,),), mask
-
-    def compute_mask(self, source_ids, mask=None):
-        return None
-
-    def compute_output_shape(self, source_ids_shape):
-        batch, length = source_ids_shape[0], source_ids_shape[1]
-        return (batch, length, self.model_dim), (((batch, self.model_dim),),), (batch, length)
+        return self.outputs(x, mask)
 
     def get_config(self):
         config = super().get_config()
         config.update(
-            vocab_size=self.vocab_size,
-            model_dim=self.model_dim,
             num_layers=self.num_layers,
             num_heads=self.num_heads,
             ffn_dim=self.ffn_dim,
-            dropout=self.dropout_rate,
             attention_dropout=self.attention_dropout_rate,
             normalize_first=self.normalize_first,
-            pad_id=self.pad_id,
         )
         return config

@@ -690,6 +690,21 @@ def test_a_transformer_encoder_exports_without_an_encoder_loop(tmp_path):
     assert len(loops) == 1 and "encoder" not in loops[0]  # the search's
 
 
+def test_a_convolutional_encoder_exports_without_an_encoder_loop(tmp_path):
+    """A recurrent decoder's convolutional encoder (`model.encoder_type: convolutional`): its
+    ONNX model searches as Keras does in float32 and int8, with its only loops the search's
+    and its convolutions' weights quantised."""
+    settings = ["model.encoder_type=convolutional", "model.encoder_layers=2",
+                "export.onnx_int8=true"]  # fmt: skip
+    session = train_and_export_onnx(tmp_path, settings)
+    assert_onnx_searches_as_keras(tmp_path, session)
+    int8 = onnx.load(str(tmp_path / "export" / "onnx" / "model.int8.onnx")).graph
+    loops = [node.name for node in int8.node if node.op_type == "Loop"]
+    assert len(loops) == 1 and "encoder" not in loops[0]  # the search's
+    products = {node.op_type for node in int8.node if "convolution" in node.name}
+    assert "MatMulInteger" in products and "MatMul" not in products
+
+
 def test_every_runtime_starts_each_translation_with_its_prefix(workdir, loaded, onnx_session, out):
     config, model, _, target_tokenizer = load_trained(workdir)
     sentences = real_sentences(5)

@@ -295,6 +295,12 @@ def recurrent_model_with_transformer_encoder():
     return built(layers.RecurrentSeq2Seq(encoder, decoder))
 
 
+def recurrent_model_with_convolutional_encoder():
+    encoder = layers.ConvolutionalEncoder(VOCAB, 6, num_layers=2)
+    decoder = layers.AttentionDecoder(VOCAB, 6, 8, attention=layers.BahdanauAttention(8))
+    return built(layers.RecurrentSeq2Seq(encoder, decoder))
+
+
 def transformer(**options):
     return lambda: built(
         layers.Transformer(VOCAB, VOCAB, model_dim=8, num_heads=2, intermediate_dim=16,
@@ -350,6 +356,10 @@ CASES = [
     source_encoder_case(
         "self_attention_encoder",
         lambda: layers.SelfAttentionEncoder(VOCAB, 8, num_layers=2, num_heads=2, ffn_dim=16),
+    ),
+    source_encoder_case(
+        "convolutional_encoder",
+        lambda: layers.ConvolutionalEncoder(VOCAB, 8, num_layers=2, kernel_size=3, dropout=0.1),
     ),
     bridge_case("dense", ((5,),)),
     bridge_case("copy", ((6, 6), (6, 6))),
@@ -422,6 +432,9 @@ CASES = [
     decoder_layer_case("post_norm", normalize_first=False, attention_dropout=0.0, ffn_dropout=0.2),
     model_case("recurrent_seq2seq", recurrent_model),
     model_case("recurrent_seq2seq_transformer_encoder", recurrent_model_with_transformer_encoder),
+    model_case(
+        "recurrent_seq2seq_convolutional_encoder", recurrent_model_with_convolutional_encoder
+    ),
     model_case("transformer", transformer()),
     model_case(
         "transformer_learned_untied_post_norm",

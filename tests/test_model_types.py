@@ -99,3 +99,20 @@ def test_a_recurrent_models_transformer_encoder_is_configured_and_checked():
     with pytest.raises(UserError, match="model.reverse_source needs model.encoder_type "
                                         "recurrent"):  # fmt: skip
         load_config(CONFIGS / "smoke.yaml", settings + ["model.reverse_source=true"])
+
+
+def test_a_recurrent_models_convolutional_encoder_is_configured_and_checked():
+    import layers
+
+    settings = ["model.encoder_type=convolutional", "model.encoder_kernel_size=5"]
+    config = load_config(CONFIGS / "smoke.yaml", settings + ["model.encoder_layers=3"])
+    model = MODEL_TYPES["rnn"].build(config, 20, 30, for_training=False)
+    assert isinstance(model.encoder, layers.ConvolutionalEncoder)
+    assert (model.encoder.num_layers, model.encoder.kernel_size) == (3, 5)
+    assert model.encoder.output_dim == config["model"]["embedding_dim"]
+    with pytest.raises(UserError, match="model.encoder_kernel_size must be odd .*got 4"):
+        load_config(CONFIGS / "smoke.yaml", ["model.encoder_type=convolutional",
+                                             "model.encoder_kernel_size=4"])  # fmt: skip
+    with pytest.raises(UserError, match="model.reverse_source needs model.encoder_type "
+                                        "recurrent \\(a convolutional encoder"):  # fmt: skip
+        load_config(CONFIGS / "smoke.yaml", settings + ["model.reverse_source=true"])

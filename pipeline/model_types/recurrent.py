@@ -5,7 +5,7 @@ from pipeline.core.errors import UserError
 from pipeline.core.fields import Field, positive_int, rate
 from pipeline.model_types.model_type import ModelType
 
-ENCODER_TYPES = ("recurrent", "transformer")
+ENCODER_TYPES = ("recurrent", "transformer", "convolutional")
 ATTENTIONS = (
     "bahdanau", "luong_dot", "luong_general", "luong_concat", "scaled_dot", "multi_head", "none",
 )  # fmt: skip
@@ -16,8 +16,10 @@ KEYS = {
     "embedding_dim": positive_int(256, "size of the source and target token embeddings (and a "
                                   "transformer encoder's width)"),
     "encoder_type": Field(str, "recurrent", "the encoder: recurrent layers, or Transformer layers "
-                          "without a loop over time (fast students)",
+                          "or gated convolutions, without a loop over time (fast students)",
                           choices=ENCODER_TYPES),
+    "encoder_kernel_size": positive_int(3, "convolutional encoder: tokens in each convolution's "
+                                        "window (odd)"),
     "encoder_heads": positive_int(4, "transformer encoder: self-attention heads (embedding_dim "
                                   "must divide by it)"),
     "encoder_ffn_dim": positive_int(1024, "transformer encoder: hidden size of the feed-forward "
@@ -61,7 +63,7 @@ KEYS = {
 
 def memory_dim(model):
     """The width of the encoder's outputs, which the attention reads."""
-    if model["encoder_type"] == "transformer":
+    if model["encoder_type"] != "recurrent":
         return model["embedding_dim"]
     concat = model["bidirectional"] and model["merge_mode"] == "concat"
     return model["encoder_units"] * (2 if concat else 1)
@@ -76,11 +78,16 @@ def check(config, where):
                 f"model.encoder_heads ({model['encoder_heads']}) for model.encoder_type "
                 "transformer"
             )
-        if model["reverse_source"]:
-            raise UserError(
-                f"{where}: model.reverse_source needs model.encoder_type recurrent (a "
-                "transformer encoder reads the source in no order)"
-            )
+    if model["encoder_type"] == "convolutional" and model["encoder_kernel_size"] % 2 == 0:
+        raise UserError(
+            f"{where}: model.encoder_kernel_size must be odd (a window centred on its token), "
+            f"got {model['encoder_kernel_size']}"
+        )
+    if model["encoder_type"] != "recurrent" and model["reverse_source"]:
+        raise UserError(
+            f"{where}: model.reverse_source needs model.encoder_type recurrent (a "
+            f"{model['encoder_type']} encoder reads the whole source at once)"
+        )
     if model["input_feeding"] and model["attention"] == "none":
         raise UserError(f"{where}: model.input_feeding needs model.attention other than none")
     if model["attention"] == "luong_dot" and model["decoder_units"] != memory_dim(model):
@@ -148,6 +155,15 @@ def build_encoder(model_config, source_vocab_size):
             num_layers=model_config["encoder_layers"],
             num_heads=model_config["encoder_heads"],
             ffn_dim=model_config["encoder_ffn_dim"],
+            dropout=model_config["dropout"],
+            name="encoder",
+        )
+    if model_config["encoder_type"] == "convolutional":
+        return layers.ConvolutionalEncoder(
+            source_vocab_size,
+            model_config["embedding_dim"],
+            num_layers=model_config["encoder_layers"],
+            kernel_size=model_config["encoder_kernel_size"],
             dropout=model_config["dropout"],
             name="encoder",
         )
