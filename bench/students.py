@@ -362,10 +362,8 @@ class Bench:
                 key = (row["system"], "int8" if row["int8"] else "float32", row["batch"])
                 rows.setdefault(key, {})[row["beam"]] = row["median"]
             for (name, weights, batch), beams in rows.items():
-                print(
-                    f"| {name} | {weights} | {batch} | {beams.get(1, 0):.1f} | "
-                    f"{beams.get(5, 0):.1f} |"
-                )
+                cells = [f"{beams[b]:.1f}" if b in beams else "-" for b in (1, 5)]  # greedy: no 5
+                print(f"| {name} | {weights} | {batch} | {' | '.join(cells)} |")
         if "speed" in self.results:
             self.report_ratios()
         if "browser" in self.results:
