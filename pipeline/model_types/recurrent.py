@@ -14,7 +14,7 @@ KEYS = {
     "cell_type": Field(str, "lstm", "the recurrent cell of the encoder and decoder layers",
                        choices=("lstm", "gru", "simple_rnn")),
     "embedding_dim": positive_int(256, "size of the source and target token embeddings (and a "
-                                  "transformer encoder's width)"),
+                                  "transformer or convolutional encoder's width)"),
     "encoder_type": Field(str, "recurrent", "the encoder: recurrent layers, or Transformer layers "
                           "or gated convolutions, without a loop over time (fast students)",
                           choices=ENCODER_TYPES),
