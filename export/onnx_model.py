@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 import tf2onnx
 
+from export.int8 import write_int8
 from export.onnx_rewrites import optimise_loops
 from export.signature import METADATA_FILE, TARGET_PREFIX
 from pipeline.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -38,16 +39,6 @@ def _add_input_defaults(model, defaults):
         model.graph.initializer.append(onnx.numpy_helper.from_array(array, option.name))
     no_prefix = np.zeros((0, 0), np.int32)
     model.graph.initializer.append(onnx.numpy_helper.from_array(no_prefix, TARGET_PREFIX))
-
-
-def write_int8(source, target):
-    """Quantises the weights of every MatMul, inside loops too, to int8 (activations are
-    quantised on the fly, per tensor)."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    quantize_dynamic(
-        source, target, weight_type=QuantType.QInt8, extra_options={"EnableSubgraph": True}
-    )
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ import onnxruntime
 import pytest
 from onnx import TensorProto, helper
 
-from export.onnx_model import write_int8
+from export.int8 import write_int8
 from export.onnx_rewrites import (
     fold_constant_transposes,
     fuse_layer_norms,

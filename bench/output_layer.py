@@ -1,0 +1,158 @@
+"""What the output layer costs a sentence at batch 1, beside the sentence's whole time.
+
+    python bench/output_layer.py NAME=EXPORT [NAME=EXPORT ...] [--sentences 64] [--rounds 3]
+
+At batch 1 a greedy step multiplies one row by the output layer's kernel and a beam-5 step
+five rows; either reads the whole kernel. For each export (each with its recipe's search:
+greedy for a greedy export, else beam 5), in ONNX Runtime, float32 and int8, the cases taking
+turns each round:
+- its translations of the first test_2016_flickr sentences, one at a time (ms a sentence);
+- the product alone, its own kernel (the decoding loop's initializer of shape [width, target
+  vocabulary]) as a one-node graph, float32 and quantised as the int8 export is
+  (`export.int8.write_int8`), with the search's rows, less an empty graph's call (µs a step);
+- the steps a sentence (the greedy or beam translation's pieces and its end).
+It prints each export's share of a sentence spent in the output layer, and each export's
+sentences/s over the first's, as measured and with the output layer free.
+"""
+
+import argparse
+import gzip
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime
+from onnx import helper, numpy_helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from export.int8 import write_int8  # noqa: E402
+from export.runtime import OnnxTranslator, session_options  # noqa: E402
+
+TEST_SOURCE = Path(__file__).resolve().parents[1] / "data/multi30k/test_2016_flickr.de.gz"
+
+
+def output_kernel(model_path, vocabulary_size):
+    """The float kernel [width, vocabulary] of the decoding loop's output layer."""
+
+    def graphs(graph):
+        yield graph
+        for node in graph.node:
+            for attribute in node.attribute:
+                if attribute.type == onnx.AttributeProto.GRAPH:
+                    yield from graphs(attribute.g)
+
+    found = [numpy_helper.to_array(tensor) for graph in graphs(onnx.load(model_path).graph)
+             if graph is not None for tensor in graph.initializer
+             if len(tensor.dims) == 2 and tensor.dims[1] == vocabulary_size]  # fmt: skip
+    if len(found) != 1:
+        raise SystemExit(f"{model_path}: {len(found)} kernels of [width, {vocabulary_size}]")
+    return found[0]
+
+
+def product_session(kernel, rows, int8, folder):
+    """A one-node graph multiplying `rows` rows by `kernel` (int8: quantised as the int8
+    export is), and its feed."""
+    width = kernel.shape[0]
+    source = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [rows, width])
+    target = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [rows, kernel.shape[1]])
+    node = helper.make_node("MatMul", ["x", "w"], ["y"])
+    graph = helper.make_graph([node], "output_layer", [source], [target],
+                              [numpy_helper.from_array(kernel, "w")])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = Path(folder) / f"product_{rows}_{int8}.onnx"
+    onnx.save(model, path)
+    if int8:
+        logging.getLogger().setLevel(logging.ERROR)  # its advice on pre-processing, each call
+        write_int8(path, path)
+    session = onnxruntime.InferenceSession(str(path), session_options())
+    return session, {"x": np.random.default_rng(0).standard_normal((rows, width), np.float32)}
+
+
+def empty_session(width):
+    """An Identity graph and its feed: what a call costs whatever its graph."""
+    source = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, width])
+    target = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, width])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "empty",
+                              [source], [target])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    session = onnxruntime.InferenceSession(model.SerializeToString(), session_options())
+    return session, {"x": np.zeros((1, width), np.float32)}
+
+
+def microseconds_a_call(session, feed, calls):
+    started = time.perf_counter()
+    for _ in range(calls):
+        session.run(None, feed)
+    return (time.perf_counter() - started) / calls * 1e6
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("exports", nargs="+", help="NAME=EXPORT (OUT or OUT/onnx); the first "
+                        "is the one the others' ratios are to")  # fmt: skip
+    parser.add_argument("--sentences", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--calls", type=int, default=2000, help="product calls a round")
+    args = parser.parse_args()
+
+    with gzip.open(TEST_SOURCE, "rt", encoding="utf-8") as lines:
+        sentences = [line.strip() for line in lines][: args.sentences]
+    systems, products = {}, {}
+    folder = tempfile.mkdtemp(prefix="output_layer_")
+    for entry in args.exports:
+        name, _, path = entry.partition("=")
+        for int8 in (False, True):
+            translator = OnnxTranslator(path, batch_size=1, int8=int8)
+            metadata = translator.metadata
+            beam = 1 if metadata.get("search") == "greedy" else 5
+            systems[(name, int8)] = (translator, beam)
+        kernel = output_kernel(translator.directory / metadata["model"],
+                               translator.target.get_piece_size())  # fmt: skip
+        for int8 in (False, True):
+            products[(name, int8)] = product_session(kernel, beam, int8, folder)
+    empty = empty_session(16)
+
+    seconds = {system: [] for system in systems}
+    net = {system: [] for system in systems}
+    for _ in range(args.rounds):
+        for system, (translator, beam) in systems.items():  # the cases take turns
+            started = time.perf_counter()
+            for sentence in sentences:
+                translator.translate([sentence], beam_size=beam)
+            seconds[system].append((time.perf_counter() - started) / len(sentences))
+            call = microseconds_a_call(*empty, args.calls)
+            net[system].append(microseconds_a_call(*products[system], args.calls) - call)
+
+    first = args.exports[0].partition("=")[0]
+    rows = []
+    for (name, int8), (translator, beam) in systems.items():
+        outputs = translator.translate(sentences, beam_size=beam)
+        steps = statistics.mean(len(translator.target.encode(text)) + 1 for text in outputs)
+        sentence_ms = statistics.median(seconds[(name, int8)]) * 1e3
+        layer_ms = steps * statistics.median(net[(name, int8)]) / 1e3
+        rows.append((name, int8, beam, sentence_ms, steps, layer_ms))
+    print("| export | weights | search | ms a sentence | steps | output layer, ms (share) |"
+          " ratio to the first | with the output layer free |")  # fmt: skip
+    print("|---|---|---|---:|---:|---:|---:|---:|")
+    baseline = {int8: ms for name, int8, _, ms, _, _ in rows if name == first}
+    for name, int8, beam, sentence_ms, steps, layer_ms in rows:
+        weights = "int8" if int8 else "float32"
+        search = "greedy" if beam == 1 else f"beam {beam}"
+        free = "-" if name == first else f"{baseline[int8] / (sentence_ms - layer_ms):.2f}"
+        print(
+            f"| {name} | {weights} | {search} | {sentence_ms:.3f} | {steps:.1f} | "
+            f"{layer_ms:.3f} ({layer_ms / sentence_ms:.0%}) | "
+            f"{baseline[int8] / sentence_ms:.2f} | {free} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,12 @@
+"""int8 weights for an exported ONNX model (ONNX Runtime's dynamic quantisation); it needs no
+TensorFlow, so that benchmarks can quantise a graph beside a TensorFlow-free runtime."""
+
+from onnxruntime.quantization import QuantType, quantize_dynamic
+
+
+def write_int8(source, target):
+    """Quantises the weights of every MatMul, inside loops too, to int8 (activations are
+    quantised on the fly, per tensor)."""
+    quantize_dynamic(
+        source, target, weight_type=QuantType.QInt8, extra_options={"EnableSubgraph": True}
+    )
