@@ -12,7 +12,8 @@ turns each round:
   (`export.int8.write_int8`), with the search's rows, less an empty graph's call (µs a step);
 - the steps a sentence (the greedy or beam translation's pieces and its end).
 It prints each export's share of a sentence spent in the output layer, and each export's
-sentences/s over the first's, as measured and with the output layer free.
+sentences/s over the first's, as measured and with the output layer free: medians of the
+rounds' ratios.
 """
 
 import argparse
@@ -48,43 +49,34 @@ def output_kernel(model_path, vocabulary_size):
                     yield from graphs(attribute.g)
 
     found = [numpy_helper.to_array(tensor) for graph in graphs(onnx.load(model_path).graph)
-             if graph is not None for tensor in graph.initializer
+             for tensor in graph.initializer
              if len(tensor.dims) == 2 and tensor.dims[1] == vocabulary_size]  # fmt: skip
     if len(found) != 1:
         raise SystemExit(f"{model_path}: {len(found)} kernels of [width, {vocabulary_size}]")
     return found[0]
 
 
-def product_session(kernel, rows, int8, folder):
-    """A one-node graph multiplying `rows` rows by `kernel` (int8: quantised as the int8
-    export is), and its feed."""
-    width = kernel.shape[0]
+def one_node_session(path, rows, kernel=None, int8=False):
+    """A session of one node and its feed of `rows` rows: `kernel`'s product (int8: quantised
+    as the int8 export is), or without one an Identity, what a call costs whatever its graph."""
+    width = 16 if kernel is None else kernel.shape[0]
+    out_width = width if kernel is None else kernel.shape[1]
     source = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [rows, width])
-    target = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [rows, kernel.shape[1]])
-    node = helper.make_node("MatMul", ["x", "w"], ["y"])
-    graph = helper.make_graph([node], "output_layer", [source], [target],
-                              [numpy_helper.from_array(kernel, "w")])  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    path = Path(folder) / f"product_{rows}_{int8}.onnx"
+    target = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [rows, out_width])
+    if kernel is None:
+        node, weights = helper.make_node("Identity", ["x"], ["y"]), []
+    else:
+        node, weights = (
+            helper.make_node("MatMul", ["x", "w"], ["y"]),
+            [numpy_helper.from_array(kernel, "w")],
+        )
+    graph = helper.make_graph([node], "one_node", [source], [target], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.save(model, path)
     if int8:
-        logging.getLogger().setLevel(logging.ERROR)  # its advice on pre-processing, each call
         write_int8(path, path)
     session = onnxruntime.InferenceSession(str(path), session_options())
     return session, {"x": np.random.default_rng(0).standard_normal((rows, width), np.float32)}
-
-
-def empty_session(width):
-    """An Identity graph and its feed: what a call costs whatever its graph."""
-    source = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, width])
-    target = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, width])
-    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "empty",
-                              [source], [target])  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    session = onnxruntime.InferenceSession(model.SerializeToString(), session_options())
-    return session, {"x": np.zeros((1, width), np.float32)}
 
 
 def microseconds_a_call(session, feed, calls):
@@ -106,7 +98,8 @@ def main():
     with gzip.open(TEST_SOURCE, "rt", encoding="utf-8") as lines:
         sentences = [line.strip() for line in lines][: args.sentences]
     systems, products = {}, {}
-    folder = tempfile.mkdtemp(prefix="output_layer_")
+    folder = Path(tempfile.mkdtemp(prefix="output_layer_"))
+    logging.getLogger().setLevel(logging.ERROR)  # quantize_dynamic's advice, at every call
     for entry in args.exports:
         name, _, path = entry.partition("=")
         for int8 in (False, True):
@@ -117,8 +110,9 @@ def main():
         kernel = output_kernel(translator.directory / metadata["model"],
                                translator.target.get_piece_size())  # fmt: skip
         for int8 in (False, True):
-            products[(name, int8)] = product_session(kernel, beam, int8, folder)
-    empty = empty_session(16)
+            path = folder / f"{name}_{int8}.onnx"
+            products[(name, int8)] = one_node_session(path, beam, kernel, int8)
+    empty = one_node_session(folder / "empty.onnx", 1)
 
     seconds = {system: [] for system in systems}
     net = {system: [] for system in systems}
@@ -132,25 +126,26 @@ def main():
             net[system].append(microseconds_a_call(*products[system], args.calls) - call)
 
     first = args.exports[0].partition("=")[0]
-    rows = []
-    for (name, int8), (translator, beam) in systems.items():
-        outputs = translator.translate(sentences, beam_size=beam)
-        steps = statistics.mean(len(translator.target.encode(text)) + 1 for text in outputs)
-        sentence_ms = statistics.median(seconds[(name, int8)]) * 1e3
-        layer_ms = steps * statistics.median(net[(name, int8)]) / 1e3
-        rows.append((name, int8, beam, sentence_ms, steps, layer_ms))
     print("| export | weights | search | ms a sentence | steps | output layer, ms (share) |"
           " ratio to the first | with the output layer free |")  # fmt: skip
     print("|---|---|---|---:|---:|---:|---:|---:|")
-    baseline = {int8: ms for name, int8, _, ms, _, _ in rows if name == first}
-    for name, int8, beam, sentence_ms, steps, layer_ms in rows:
+    for (name, int8), (translator, beam) in systems.items():
+        outputs = translator.translate(sentences, beam_size=beam)
+        steps = statistics.mean(len(translator.target.encode(text)) + 1 for text in outputs)
+        # Each round's milliseconds a sentence: in all, and in the output layer.
+        rounds = [(1e3 * taken, steps * us / 1e3)
+                  for taken, us in zip(seconds[(name, int8)], net[(name, int8)])]  # fmt: skip
+        firsts = [1e3 * taken for taken in seconds[(first, int8)]]
+        sentence_ms = statistics.median(ms for ms, _ in rounds)
+        layer_ms = statistics.median(layer for _, layer in rounds)
+        ratio = statistics.median(base / ms for base, (ms, _) in zip(firsts, rounds))
+        free = "-" if name == first else "{:.2f}".format(statistics.median(
+            base / (ms - layer) for base, (ms, layer) in zip(firsts, rounds)))  # fmt: skip
         weights = "int8" if int8 else "float32"
         search = "greedy" if beam == 1 else f"beam {beam}"
-        free = "-" if name == first else f"{baseline[int8] / (sentence_ms - layer_ms):.2f}"
         print(
             f"| {name} | {weights} | {search} | {sentence_ms:.3f} | {steps:.1f} | "
-            f"{layer_ms:.3f} ({layer_ms / sentence_ms:.0%}) | "
-            f"{baseline[int8] / sentence_ms:.2f} | {free} |"
+            f"{layer_ms:.3f} ({layer_ms / sentence_ms:.0%}) | {ratio:.2f} | {free} |"
         )
 
 

@@ -55,8 +55,7 @@ def input_feeding_lstm_recurrence(
     def recurrence(first_gate_inputs, initial_feed, keys, values, *cells_and_weights):
         flat_cells = cells_and_weights[: 2 * num_layers]
         w = tf.nest.pack_sequence_as(weights, list(cells_and_weights[2 * num_layers :]))
-        h0 = flat_cells[0::2]
-        c0 = flat_cells[1::2]
+        h0, c0 = flat_cells[0::2], flat_cells[1::2]
         length = tf.shape(first_gate_inputs)[0]
         dtype = first_gate_inputs.dtype
         # Two products, not a concatenation a step: [c; y] W_c = c W_c,c + y W_c,y.
@@ -64,34 +63,19 @@ def input_feeding_lstm_recurrence(
 
         def step(t, hs, cs, feed, layer_arrays, attention_arrays):
             x_feed = feed if feed_mask is None else feed * feed_mask[t]
-            below = None
-            new_hs, new_cs, new_layer_arrays = [], [], []
-            for layer in range(num_layers):
-                if layer == 0:
-                    z = first_gate_inputs[t] + tf.matmul(x_feed, w["feed_kernel"])
-                else:
-                    x = below if layer_masks is None else below * layer_masks[layer - 1][t]
-                    z = tf.matmul(x, w["kernels"][layer - 1]) + w["biases"][layer - 1]
-                z = z + tf.matmul(hs[layer], w["recurrent_kernels"][layer])
-                h, c, (i, f, g, o) = lstm_cell(z, cs[layer])
-                below = h + below if residual and layer > 0 else h
-                # Each gate in an array of its own: no concatenation here, no split backward.
-                new_layer_arrays.append(_write(layer_arrays[layer], t, (i, f, g, o, c, h)))
-                new_hs.append(h)
-                new_cs.append(c)
-            query = below
-            scores = tf.squeeze(tf.matmul(query[:, None, :], keys), 1) * w["gain"]
-            alpha = masked_softmax(scores, memory_mask)
-            context = tf.squeeze(tf.matmul(alpha[:, None, :], values), 1)
-            attentional = tf.tanh(
-                tf.matmul(context, context_kernel) + tf.matmul(query, query_kernel)
+            first_gates = first_gate_inputs[t] + tf.matmul(x_feed, w["feed_kernel"])
+            query, new_hs, new_cs, layer_steps = _layers_step(
+                first_gates, hs, cs, w, layer_masks, t, residual
+            )
+            alpha, context, attentional = _attend(
+                query, keys, values, memory_mask, w["gain"], context_kernel, query_kernel
             )
             return (
                 t + 1,
-                tuple(new_hs),
-                tuple(new_cs),
+                new_hs,
+                new_cs,
                 attentional,
-                tuple(new_layer_arrays),
+                tuple(map(_write, layer_arrays, [t] * len(hs), layer_steps)),
                 _write(attention_arrays, t, (query, alpha, context, attentional)),
             )
 
@@ -121,6 +105,36 @@ def input_feeding_lstm_recurrence(
 
     flat_cells = [tensor for cell in initial_cells for tensor in cell]
     return recurrence(first_gate_inputs, initial_feed, keys, values, *flat_cells, *flat_weights)
+
+
+def _layers_step(first_gates, hs, cs, w, layer_masks, t, residual):
+    """Step `t` of the stacked LSTM layers, the first's gate inputs `first_gates` given:
+    (the top layer's output y^L_t, the new h and c of each layer, and each layer's
+    (i, f, g, o, c, h), each gate kept apart: no concatenation here, no split backward)."""
+    below = None
+    new_hs, new_cs, layer_steps = [], [], []
+    for layer in range(len(hs)):
+        if layer == 0:
+            z = first_gates
+        else:
+            x = below if layer_masks is None else below * layer_masks[layer - 1][t]
+            z = tf.matmul(x, w["kernels"][layer - 1]) + w["biases"][layer - 1]
+        z = z + tf.matmul(hs[layer], w["recurrent_kernels"][layer])
+        h, c, (i, f, g, o) = lstm_cell(z, cs[layer])
+        below = h + below if residual and layer > 0 else h
+        layer_steps.append((i, f, g, o, c, h))
+        new_hs.append(h)
+        new_cs.append(c)
+    return below, tuple(new_hs), tuple(new_cs), layer_steps
+
+
+def _attend(query, keys, values, memory_mask, gain, context_kernel, query_kernel):
+    """alpha_t, c_t and a~_t for the top layer's output `query` `[batch, units]`."""
+    scores = tf.squeeze(tf.matmul(query[:, None, :], keys), 1) * gain
+    alpha = masked_softmax(scores, memory_mask)
+    context = tf.squeeze(tf.matmul(alpha[:, None, :], values), 1)
+    attentional = tf.tanh(tf.matmul(context, context_kernel) + tf.matmul(query, query_kernel))
+    return alpha, context, attentional
 
 
 def _attentional_kernels(w, values):
@@ -225,8 +239,25 @@ def _backward(
     )
     d_zs = [array.stack() for array in gate_arrays]
     d_pres, d_scores, d_contexts = (array.stack() for array in attention_arrays)
+    d_weights = _weight_gradients(
+        d_zs, d_pres, h0, initial_feed, w, layer_values, queries, contexts, outputs,
+        feed_mask, layer_masks, residual,
+    )  # fmt: skip
+    d_gained_keys = tf.einsum("tbd,tbs->bds", queries, d_scores)  # of g K
+    d_weights["gain"] = tf.reduce_sum(keys * d_gained_keys)
+    d_keys = w["gain"] * d_gained_keys
+    d_values = tf.einsum("tbs,tbv->bsv", alphas, d_contexts)
+    d_cells = [d for layer in range(num_layers) for d in (d_h0[layer], d_c0[layer])]
+    return (d_zs[0], d_feed0, d_keys, d_values, *d_cells, *tf.nest.flatten(d_weights))
 
-    # Every weight's gradient: one product over all steps.
+
+def _weight_gradients(
+    d_zs, d_pres, h0, initial_feed, w, layer_values, queries, contexts, outputs, feed_mask,
+    layer_masks, residual,
+):  # fmt: skip
+    """The gradients of the layers' and the attentional vector's weights (all but the gain),
+    each one product over all steps."""
+    num_layers = len(h0)
     feeds = _previous(initial_feed, outputs)
     if feed_mask is not None:
         feeds = feeds * feed_mask
@@ -234,7 +265,7 @@ def _backward(
     for layer in range(num_layers):
         h = layer_values[layer][5]
         belows.append(h + belows[-1] if residual and layer > 0 else h)
-    d_weights = {
+    return {
         "feed_kernel": _product_over_steps(feeds, d_zs[0]),
         "recurrent_kernels": tuple(
             _product_over_steps(_previous(h0[layer], layer_values[layer][5]), d_zs[layer])
@@ -252,9 +283,3 @@ def _backward(
         "biases": tuple(tf.reduce_sum(d_zs[layer], axis=[0, 1]) for layer in range(1, num_layers)),
         "attentional": _product_over_steps(tf.concat([contexts, queries], -1), d_pres),
     }
-    d_gained_keys = tf.einsum("tbd,tbs->bds", queries, d_scores)  # of g K
-    d_weights["gain"] = tf.reduce_sum(keys * d_gained_keys)
-    d_keys = w["gain"] * d_gained_keys
-    d_values = tf.einsum("tbs,tbv->bsv", alphas, d_contexts)
-    d_cells = [d for layer in range(num_layers) for d in (d_h0[layer], d_c0[layer])]
-    return (d_zs[0], d_feed0, d_keys, d_values, *d_cells, *tf.nest.flatten(d_weights))
