@@ -4,16 +4,19 @@ import math
 
 import keras
 import keras_hub
+import numpy as np
 from keras import ops
 
 from layers.encoder_decoder_model import EncoderDecoderModel
 from layers.masking import sequence_mask
 from layers.sixteen_bit_dropout import SixteenBitDropout
 from layers.special_tokens import BOS_ID, EOS_ID, PAD_ID
+from layers.split_sine_positions import SplitSinePositions
 from layers.transformer_decoder_layer import TransformerDecoderLayer
 from layers.transformer_encoder_layer import TransformerEncoderLayer
 
-POSITIONS = ("sinusoidal", "learned")
+POSITIONS = ("sinusoidal", "learned", "sinusoidal_halves")
+NEVER = -1e9  # the logit of a suppressed token: finite, so that sums of scores stay numbers
 
 
 @keras.saving.register_keras_serializable(package="seq2seq")
@@ -28,6 +31,11 @@ class Transformer(EncoderDecoderModel):
     the decoding contract: see `EncoderDecoderModel`; the attention weights it returns are the
     last decoder layer's cross-attention, averaged over heads.
 
+    Options that pretrained checkpoints need (`pipeline.pretrained`): the feed-forward
+    activation, Marian's position layout, an output bias, `</s>` appended to every source,
+    unscaled embeddings, a decoder with its own heads and feed-forward size, and target ids
+    the model never outputs (rows of an imported vocabulary that no checkpoint token owns).
+
     Args:
         source_vocab_size, target_vocab_size: vocabulary sizes.
         model_dim: size of the embeddings and of every layer's output.
@@ -38,13 +46,21 @@ class Transformer(EncoderDecoderModel):
         attention_dropout: rate on the self-attention weights (None: `dropout`).
         ffn_dropout: rate on the decoder's feed-forward hidden activations (None:
             `dropout`; keras-hub's encoder layers drop none there).
-        positions: "sinusoidal" or "learned".
-        max_positions: the longest sequence learned positions cover.
+        positions: "sinusoidal" (keras-hub's interleaved sines and cosines), "learned", or
+            "sinusoidal_halves" (the same sinusoids, sines first: `SplitSinePositions`).
+        max_positions: the longest sequence learned or "sinusoidal_halves" positions cover.
         tie_embeddings: the output projection is the transposed target embedding
             (keras-hub's `ReversibleEmbedding`).
         normalize_first: pre-norm layers (with a final normalisation of each stack).
         share_embeddings: one embedding matrix for both sides (which must then share one
             vocabulary), and with `tie_embeddings` for the output projection too.
+        activation: the feed-forward networks' activation (a Keras activation name).
+        output_bias: a learned bias on the output logits (Marian's `final_logits_bias`).
+        source_eos: `encode` appends `</s>` to every source, after its last token.
+        scale_embeddings: embeddings are multiplied by sqrt(model_dim) (False: as they are).
+        decoder_num_heads, decoder_intermediate_dim: the decoder's own (None: the encoder's).
+        suppressed_ids: target ids whose logit is `NEVER` at every decoding step, so that
+            search neither outputs them nor counts them in the softmax.
         label_smoothing, pad_id, bos_id, eos_id: see `EncoderDecoderModel`.
     """
 
@@ -65,6 +81,13 @@ class Transformer(EncoderDecoderModel):
         tie_embeddings=True,
         normalize_first=True,
         share_embeddings=False,
+        activation="relu",
+        output_bias=False,
+        source_eos=False,
+        scale_embeddings=True,
+        decoder_num_heads=None,
+        decoder_intermediate_dim=None,
+        suppressed_ids=(),
         label_smoothing=0.0,
         pad_id=PAD_ID,
         bos_id=BOS_ID,
@@ -91,6 +114,13 @@ class Transformer(EncoderDecoderModel):
         self.tie_embeddings = bool(tie_embeddings)
         self.normalize_first = bool(normalize_first)
         self.share_embeddings = bool(share_embeddings)
+        self.activation = activation
+        self.use_output_bias = bool(output_bias)
+        self.source_eos = bool(source_eos)
+        self.scale_embeddings = bool(scale_embeddings)
+        self.decoder_num_heads = int(decoder_num_heads or num_heads)
+        self.decoder_intermediate_dim = int(decoder_intermediate_dim or intermediate_dim)
+        self.suppressed_ids = tuple(int(i) for i in suppressed_ids)
         if self.share_embeddings and self._source_vocab_size != self._target_vocab_size:
             raise ValueError(
                 "share_embeddings needs one vocabulary for both sides, got "
@@ -120,6 +150,7 @@ class Transformer(EncoderDecoderModel):
                 self.num_heads,
                 attention_dropout=self.attention_dropout_rate,
                 dropout=self.dropout_rate,
+                activation=self.activation,
                 normalize_first=self.normalize_first,
                 name=f"encoder_layer_{i}",
             )  # fmt: skip
@@ -127,11 +158,12 @@ class Transformer(EncoderDecoderModel):
         ]
         self.decoder_layers = [
             TransformerDecoderLayer(
-                self.intermediate_dim,
-                self.num_heads,
+                self.decoder_intermediate_dim,
+                self.decoder_num_heads,
                 dropout=self.dropout_rate,
                 attention_dropout=self.attention_dropout_rate,
                 ffn_dropout=self.ffn_dropout_rate,
+                activation=self.activation,
                 normalize_first=self.normalize_first,
                 name=f"decoder_layer_{i}",
             )  # fmt: skip
@@ -146,6 +178,8 @@ class Transformer(EncoderDecoderModel):
     def _position_layer(self, name):
         if self.positions == "sinusoidal":
             return keras_hub.layers.SinePositionEncoding(name=name)
+        if self.positions == "sinusoidal_halves":
+            return SplitSinePositions(self.max_positions, name=name)
         return keras_hub.layers.PositionEmbedding(self.max_positions, name=name)
 
     def build(self, input_shape):
@@ -163,6 +197,17 @@ class Transformer(EncoderDecoderModel):
         if self.normalize_first:
             self.encoder_norm.build(sequence)
             self.decoder_norm.build(sequence)
+        self.output_bias = None
+        if self.use_output_bias:
+            self.output_bias = self.add_weight(
+                shape=(self._target_vocab_size,), initializer="zeros", name="output_bias"
+            )
+        # A [vocab] bias added at each decoding step: NEVER at the suppressed ids.
+        self._suppression = None
+        if self.suppressed_ids:
+            suppression = np.zeros(self._target_vocab_size, np.float32)
+            suppression[list(self.suppressed_ids)] = NEVER
+            self._suppression = suppression
 
     @property
     def source_vocab_size(self):
@@ -173,18 +218,41 @@ class Transformer(EncoderDecoderModel):
         return self._target_vocab_size
 
     def _embed(self, embedding, positions, token_ids, start_index=0, training=False):
-        x = embedding(token_ids) * ops.cast(math.sqrt(self.model_dim), self.compute_dtype)
+        x = embedding(token_ids)
+        if self.scale_embeddings:
+            x = x * ops.cast(math.sqrt(self.model_dim), self.compute_dtype)
         x = x + ops.cast(positions(x, start_index=start_index), x.dtype)
         return self.dropout(x, training=training)
 
     def _final_norm(self, norm, x):
         return x if norm is None else norm(x)
 
+    def _logits(self, features):
+        logits = self.target_embedding(features, reverse=True)
+        if self.output_bias is not None:
+            logits = logits + ops.cast(self.output_bias, logits.dtype)
+        return logits
+
+    def _with_source_eos(self, source_ids):
+        """`source_ids` with </s> after each source's last token (and one more column)."""
+        source_ids = ops.convert_to_tensor(source_ids, "int32")
+        lengths = ops.sum(ops.cast(ops.not_equal(source_ids, self.pad_id), "int32"), axis=1)
+        padded = ops.pad(source_ids, [[0, 0], [0, 1]], constant_values=self.pad_id)
+        at_end = ops.arange(ops.shape(padded)[1])[None, :] == lengths[:, None]
+        return ops.where(at_end, self.eos_id, padded)
+
+    def _source_weights(self, weights):
+        """Attention weights over the sources as the caller gave them: the column that
+        `source_eos` adds is dropped (its weight is the appended </s>'s or a padding's)."""
+        return weights[..., :-1] if self.source_eos else weights
+
     # Decoding contract.
 
     def encode(self, source_ids, training=False):
         """The encoder's memory, each decoder layer's cross-attention keys and values, and
         the source mask: computed once per source."""
+        if self.source_eos:
+            source_ids = self._with_source_eos(source_ids)
         memory_mask = sequence_mask(source_ids, self.pad_id)
         x = self._embed(self.source_embedding, self.source_positions, source_ids, 0, training)
         for layer in self.encoder_layers:
@@ -217,8 +285,10 @@ class Transformer(EncoderDecoderModel):
         ):
             x, cache, weights = layer.step(x, cache, memory_cache, encoded["memory_mask"])
             caches.append(cache)
-        logits = self.target_embedding(self._final_norm(self.decoder_norm, x), reverse=True)
-        return logits, {"self_attention": tuple(caches)}, weights
+        logits = self._logits(self._final_norm(self.decoder_norm, x))
+        if self._suppression is not None:
+            logits = logits + ops.convert_to_tensor(self._suppression, logits.dtype)
+        return logits, {"self_attention": tuple(caches)}, self._source_weights(weights)
 
     # Teacher-forced pass.
 
@@ -231,10 +301,11 @@ class Transformer(EncoderDecoderModel):
         )
         for layer, memory_cache in zip(self.decoder_layers, encoded["memory_cache"]):
             x, weights = layer(x, memory_cache, encoded["memory_mask"], training=training)
-        return self._final_norm(self.decoder_norm, x), weights
+        return self._final_norm(self.decoder_norm, x), self._source_weights(weights)
 
     def output_kernel(self):
-        """`[model_dim, target_vocab_size]`: logits are `output_features` times it."""
+        """`[model_dim, target_vocab_size]`: logits are `output_features` times it (plus
+        `output_bias`, where the model has one)."""
         if self.tie_embeddings:
             return ops.transpose(self.target_embedding.embeddings)
         return self.target_embedding.reverse_embeddings
@@ -243,7 +314,7 @@ class Transformer(EncoderDecoderModel):
         """Logits `[batch, tgt_len, vocab]` and the last layer's cross-attention weights
         `[batch, tgt_len, src_len]`."""
         features, weights = self.output_features(inputs, training=training)
-        return self.target_embedding(features, reverse=True), weights
+        return self._logits(features), weights
 
     def call(self, inputs, training=None):
         return self.forward(inputs, training=training)[0]
@@ -266,5 +337,12 @@ class Transformer(EncoderDecoderModel):
             tie_embeddings=self.tie_embeddings,
             normalize_first=self.normalize_first,
             share_embeddings=self.share_embeddings,
+            activation=self.activation,
+            output_bias=self.use_output_bias,
+            source_eos=self.source_eos,
+            scale_embeddings=self.scale_embeddings,
+            decoder_num_heads=self.decoder_num_heads,
+            decoder_intermediate_dim=self.decoder_intermediate_dim,
+            suppressed_ids=list(self.suppressed_ids),
         )
         return config

@@ -438,11 +438,11 @@ def parse_overrides(assignments):
     return overrides
 
 
-def _check_consistency(config, where):
+def _check_consistency(config, where, saved=False):
     data = config["data"]
     if data["multiway_train"]:
         _check_multiway_consistency(data, where)
-        return _check_training_settings(config, where)
+        return _check_training_settings(config, where, saved)
     for key in ("multiway_valid", "multiway_test", "multiway_synthetic", "synthetic_directions"):
         if data[key]:
             raise UserError(f"{where}: data.{key} needs data.multiway_train")
@@ -458,13 +458,13 @@ def _check_consistency(config, where):
             missing = f"data.{split}_{'target' if pair[0] else 'source'}"
             raise UserError(f"{where}: {missing} is missing")
     given = [bool(data["train_tsv"] or data["train_source"]), bool(data["train_corpora"])]
-    if not any(given):
+    if not any(given) and not saved:  # an imported model's work directory has none
         raise UserError(f"{where}: no training data: set data.train_source and data.train_target")
     if all(given):
         raise UserError(
             f"{where}: data.train_corpora replaces data.train_source/target/tsv; give one of them"
         )
-    _check_training_settings(config, where)
+    _check_training_settings(config, where, saved)
 
 
 def _check_multiway_consistency(data, where):
@@ -516,7 +516,7 @@ def _check_synthetic(data, languages, trained, where):
                             "data.directions; train it from one of them")  # fmt: skip
 
 
-def _check_training_settings(config, where):
+def _check_training_settings(config, where, saved=False):
     data, model, train = config["data"], config["model"], config["train"]
     budget = train["time_budget_hours"]
     if budget is not None and budget <= 0:
@@ -546,10 +546,14 @@ def _check_training_settings(config, where):
             f"{where}: data.subword_sampling_nbest must be -1 (all segmentations) or at least "
             f"2, got {data['subword_sampling_nbest']}: fewer leaves nothing to sample from"
         )
-    if model["share_embeddings"] and not data["shared_vocabulary"]:
+    # Two given models may share one id space (an imported checkpoint's two segmenters over
+    # one vocabulary): the model checks their sizes when it is built.
+    given_both = data["source_vocabulary"] and data["target_vocabulary"]
+    if model["share_embeddings"] and not (data["shared_vocabulary"] or given_both or saved):
         raise UserError(
             f"{where}: model.share_embeddings needs data.shared_vocabulary: true (one "
-            "vocabulary for both sides)"
+            "vocabulary for both sides) or both data.source_vocabulary and "
+            "data.target_vocabulary"
         )
     if train["average_checkpoints"] > train["keep_checkpoints"]:
         raise UserError(
@@ -641,7 +645,7 @@ def load_config(path=None, overrides=(), saved=False):
     fields = schema(model_type)
     _merge(config, raw, where, path.resolve().parent, fields)
     _merge(config, overrides, "--set", Path.cwd(), fields)
-    _check_consistency(config, where)
+    _check_consistency(config, where, saved)
     return config
 
 

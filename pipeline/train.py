@@ -81,6 +81,52 @@ def _check_workdir(workdir, config):
 
 # Model settings a fine-tuned model may change: they have no weights and change no shape.
 FINE_TUNABLE_MODEL_KEYS = ("dropout",)
+# The sections a fine-tuning run takes from the trained work directory, key by key, where its
+# own configuration is silent: the model, and how it translates (an imported checkpoint's
+# search is its library's).
+INHERITED_SECTIONS = ("model", "decode")
+
+
+def inherited_overrides(config_path, overrides, init_from):
+    """`--set` assignments giving a fine-tuning run the trained work directory's model and
+    decode settings, and its vocabularies, wherever the configuration file and `overrides`
+    give none: a config that names only data and a schedule fine-tunes any trained or
+    imported model."""
+    import yaml
+
+    from pipeline.config import find_config, parse_overrides
+    from pipeline.data.tokenizer import SIDES, vocabulary_paths
+
+    saved = init_from / CONFIG_FILE
+    if not saved.is_file():
+        raise UserError(f"--init-from {init_from}: no trained model there ({CONFIG_FILE} and "
+                        f"{MODEL_FILE} expected)")  # fmt: skip
+    trained = load_config(saved, saved=True)
+    try:
+        raw = yaml.safe_load(find_config(config_path).read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        raw = {}  # load_config reports what is wrong with the file
+    raw = raw if isinstance(raw, dict) else {}
+    given = parse_overrides(overrides)
+    inherited = []
+    for section in INHERITED_SECTIONS:
+        named = {**(raw.get(section) or {}), **given.get(section, {})}
+        if (
+            section == "model"
+            and named.get("type", trained["model"]["type"]) != (trained["model"]["type"])
+        ):
+            continue  # another architecture: fine_tuning_config refuses it by name
+        inherited += [f"{section}.{key}={yaml.safe_dump(value, default_flow_style=True).strip()}"
+                      for key, value in trained[section].items()
+                      if key not in named]  # fmt: skip
+    data_named = {**(raw.get("data") or {}), **given.get("data", {})}
+    paths = vocabulary_paths(init_from)
+    for side, path in zip(SIDES, paths, strict=True):
+        if not data_named.get(f"{side}_vocabulary"):
+            inherited.append(f"data.{side}_vocabulary={path.resolve()}")
+    if "shared_vocabulary" not in data_named:
+        inherited.append(f"data.shared_vocabulary={str(paths[0] == paths[1]).lower()}")
+    return inherited
 
 
 def fine_tuning_config(config, init_from):
@@ -144,6 +190,8 @@ def after_training_hooks(config):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     overrides = args.set + ([f"distribute.strategy={args.strategy}"] if args.strategy else [])
+    if args.init_from:
+        overrides = inherited_overrides(args.config, overrides, args.init_from) + overrides
     config = load_config(args.config, overrides)
     if args.init_from:
         config = fine_tuning_config(config, args.init_from)

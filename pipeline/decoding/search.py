@@ -198,10 +198,12 @@ def _force(beam_log_probs, beam_tokens, per_row, log_probs, forced, pad_id):
 
 
 def _sequential_search(
-    model, source_ids, max_lengths, choose, min_length=0, no_repeat=0, target_prefix=None
-):
+    model, source_ids, max_lengths, choose, min_length=0, no_repeat=0, target_prefix=None,
+    force_eos=False,
+):  # fmt: skip
     """Picks one token per step with `choose(log_probs, t)`, or the sentence's prefix
-    token while it has one; a source is finished at </s> or at its limit."""
+    token while it has one; a source is finished at </s> or at its limit (where, with
+    `force_eos`, its last token is </s>, scored 0)."""
     batch = tf.shape(source_ids)[0]
     limits, width, prefix = _limits_width_and_prefix(
         max_lengths, batch, target_prefix, model.pad_id
@@ -236,9 +238,13 @@ def _sequential_search(
         if prefix is not None:
             forced = tf.gather(prefix, t, axis=1)
             chosen = tf.where(tf.not_equal(forced, model.pad_id), forced, chosen)
-        tokens = tf.where(finished, model.pad_id, chosen)
         # A forced token scores as the model has it, as in beam search (`_force`).
         chosen_log_prob = tf.gather(model_log_probs, chosen, batch_dims=1)
+        if force_eos:
+            last = t + 1 >= limits
+            chosen = tf.where(last, model.eos_id, chosen)
+            chosen_log_prob = tf.where(last, 0.0, chosen_log_prob)
+        tokens = tf.where(finished, model.pad_id, chosen)
         scores += tf.where(finished, 0.0, chosen_log_prob)
         columns = columns.write(t, tokens)
         if blocking is not None:
@@ -279,8 +285,9 @@ def _sequential_search(
 
 
 def greedy_search(
-    model, source_ids, max_lengths, min_length=0, no_repeat_ngram_size=0, target_prefix=None
-):
+    model, source_ids, max_lengths, min_length=0, no_repeat_ngram_size=0, target_prefix=None,
+    force_eos=False,
+):  # fmt: skip
     """The most probable token at each step, until </s> or the source's limit.
 
     Args:
@@ -293,6 +300,7 @@ def greedy_search(
         target_prefix: int32 `[batch, len]`, right-padded, or None: each output starts with
             its row's tokens (scored as the model scores them); a limit too short for its
             prefix is raised to hold it and </s>.
+        force_eos: an output that reaches its limit ends with </s>, at log-probability 0.
 
     Returns (`width` is the largest limit):
         ids: int32 `[batch, width]`, each row ending with </s> then padding (or cut at its
@@ -305,8 +313,9 @@ def greedy_search(
         return tf.argmax(log_probs, axis=-1, output_type=tf.int32)
 
     return _sequential_search(
-        model, source_ids, max_lengths, argmax, min_length, no_repeat_ngram_size, target_prefix
-    )
+        model, source_ids, max_lengths, argmax, min_length, no_repeat_ngram_size, target_prefix,
+        force_eos,
+    )  # fmt: skip
 
 
 def _filter_logits(logits, top_k, top_p):
@@ -340,7 +349,7 @@ def sentence_seeds(source_ids, pad_id, seed):
 
 def sampling_search(
     model, source_ids, max_lengths, temperature=1.0, top_k=0, top_p=1.0, seed=(0, 0),
-    min_length=0, no_repeat_ngram_size=0, target_prefix=None,
+    min_length=0, no_repeat_ngram_size=0, target_prefix=None, force_eos=False,
 ):  # fmt: skip
     """Draws each token from the model's distribution, sharpened or flattened by `temperature`
     and restricted to the `top_k` tokens and the `top_p` nucleus. A sentence's draws come from
@@ -360,8 +369,9 @@ def sampling_search(
         return tf.map_fn(draw_one, (filtered, seeds), fn_output_signature=tf.int32)
 
     return _sequential_search(
-        model, source_ids, max_lengths, draw, min_length, no_repeat_ngram_size, target_prefix
-    )
+        model, source_ids, max_lengths, draw, min_length, no_repeat_ngram_size, target_prefix,
+        force_eos,
+    )  # fmt: skip
 
 
 def blank_empty_sources(source_ids, pad_id, ids, lengths, scores, attention):
@@ -398,11 +408,13 @@ def coverage_penalty(coverage, source_mask, beta):
 
 
 class Ranking(NamedTuple):
-    """How finished hypotheses are scored: log P(Y|X) / length_penalty(|Y|) + coverage."""
+    """How finished hypotheses are scored, log P(Y|X) / length_penalty(|Y|) + coverage, and
+    when a source's search stops (`_is_done`)."""
 
     alpha: Any  # float32 []: the length penalty's exponent
     penalty: str  # "gnmt" or "average" (see `length_penalty`)
     beta: Any  # float32 []: the coverage penalty's weight
+    stopping: str = "k_finished"  # one of search_options.BEAM_STOPPING
 
     def score(self, log_probs, length, coverage, source_mask):
         normalised = log_probs / length_penalty(length, self.alpha, self.penalty)
@@ -510,7 +522,21 @@ def _initial_state(model, source_ids, limits, width, beam_size, prefix):
     return BeamState(tf.constant(0), tokens, decoder, alive, finished), sources
 
 
-def _expand(model, state, sources, beam_size, min_length, blocking):
+def _force_eos_at_limit(beam_log_probs, beam_tokens, per_row, sources, t, beam_size, eos_id):
+    """Makes </s>, at log-probability 0, the only candidate of the hypotheses whose next token
+    is the last their source's limit allows (as transformers' forced_eos_token_id does); a
+    pass over the `[n * k, per_row]` candidates, not over the vocabulary."""
+    n = tf.shape(sources.limit)[0]
+    last = tf.broadcast_to(tf.expand_dims(t + 1 >= sources.limit, 1), [n, beam_size])
+    last = tf.reshape(last, [-1, 1])
+    only_first = tf.where(tf.equal(tf.range(per_row), 0), 0.0, NEG_INF)
+    return (
+        tf.where(last, only_first[None, :], beam_log_probs),
+        tf.where(last, eos_id, beam_tokens),
+    )
+
+
+def _expand(model, state, sources, beam_size, min_length, blocking, force_eos):
     """Runs the decoder one step and ranks the extensions of every alive hypothesis.
 
     Returns the 2k best candidates of each source, the alive hypotheses with this step's
@@ -533,6 +559,10 @@ def _expand(model, state, sources, beam_size, min_length, blocking):
         forced = tf.reshape(tf.gather(sources.prefix, t, axis=2), [-1])
         beam_log_probs, beam_tokens = _force(
             beam_log_probs, beam_tokens, per_beam, step_log_probs, forced, model.pad_id
+        )
+    if force_eos:
+        beam_log_probs, beam_tokens = _force_eos_at_limit(
+            beam_log_probs, beam_tokens, per_beam, sources, t, beam_size, model.eos_id
         )
     beam_log_probs = tf.reshape(beam_log_probs, [n, beam_size, per_beam])
     totals = tf.reshape(alive.log_probs[:, :, None] + beam_log_probs, [n, -1])
@@ -591,8 +621,10 @@ def _keep_alive(candidates, alive, decoder, beam_size):
     return alive, tokens, decoder
 
 
-def _step(model, state, sources, beam_size, min_length, blocking, ranking):
-    candidates, alive, decoder = _expand(model, state, sources, beam_size, min_length, blocking)
+def _step(model, state, sources, beam_size, min_length, blocking, ranking, force_eos):
+    candidates, alive, decoder = _expand(
+        model, state, sources, beam_size, min_length, blocking, force_eos
+    )
     finished = _save_finished(
         state.finished, candidates, alive, state.t, sources, beam_size, ranking
     )
@@ -600,11 +632,25 @@ def _step(model, state, sources, beam_size, min_length, blocking, ranking):
     return BeamState(state.t + 1, tokens, decoder, alive, finished)
 
 
-def _is_done(state, sources):
-    """bool `[n]`: the source has k finished hypotheses, or its hypotheses are at its limit
-    (where alive hypotheses stand in for missing finished ones, as if they had ended)."""
+def _is_done(state, sources, ranking):
+    """bool `[n]`: the source's hypotheses are at its limit (where alive hypotheses stand in
+    for missing finished ones, as if they had ended), or it has k finished hypotheses and, by
+    `ranking.stopping`: nothing more (k_finished); its best alive hypothesis, scored at its
+    length so far, ranks no higher than the worst finished one (no_improvement); or that,
+    scored at the source's limit where the length penalty rewards length (never). The last
+    two are transformers' `early_stopping` false and "never"."""
     has_k = tf.reduce_all(state.finished.scores > NEG_INF / 2, axis=1)
-    return tf.logical_or(has_k, state.t >= sources.limit)
+    at_limit = state.t >= sources.limit
+    if ranking.stopping == "k_finished":
+        return tf.logical_or(has_k, at_limit)
+    length = tf.fill(tf.shape(sources.limit), tf.maximum(state.t, 1))
+    if ranking.stopping == "never":
+        length = tf.where(ranking.alpha > 0, sources.limit, length)
+    best_alive = ranking.score(
+        state.alive.log_probs[:, 0], length, state.alive.coverage[:, 0], sources.mask[:, 0]
+    )
+    cannot_improve = best_alive <= tf.reduce_min(state.finished.scores, axis=1)
+    return tf.logical_or(tf.logical_and(has_k, cannot_improve), at_limit)
 
 
 def _n_best(state, sources, n_best, ranking, rows):
@@ -646,7 +692,7 @@ def _retire(state, sources, results, n_best, ranking, beam_size):
     """Records the n-best of the sources that are done and drops their rows from the batch,
     so that later steps spend nothing on them. Called with at least one source not done:
     the batch never empties (ONNX Runtime mishandles some reductions of empty tensors)."""
-    done = _is_done(state, sources)
+    done = _is_done(state, sources, ranking)
     leaving = tf.cast(tf.where(done)[:, 0], tf.int32)
     staying = tf.cast(tf.where(tf.logical_not(done))[:, 0], tf.int32)
     departing = _n_best(state, sources, n_best, ranking, leaving)
@@ -677,6 +723,8 @@ def beam_search(
     min_length=0,
     no_repeat_ngram_size=0,
     target_prefix=None,
+    stopping="k_finished",
+    force_eos=False,
 ):
     """Batched beam search with length normalisation and coverage penalty (Wu et al., 2016,
     "Google's Neural Machine Translation System", section 7), keeping finished and alive
@@ -706,6 +754,8 @@ def beam_search(
         target_prefix: int32 `[batch, len]`, right-padded, or None: each output starts with
             its row's tokens (scored as the model scores them); a limit too short for its
             prefix is raised to hold it and </s>.
+        stopping: when a source is done besides its limit (see `_is_done`).
+        force_eos: a hypothesis that reaches its limit ends with </s>, at log-probability 0.
 
     Returns (`width` is the largest limit):
         ids: int32 `[batch, n_best, width]`, best first; lengths: int32 `[batch, n_best]`
@@ -716,8 +766,9 @@ def beam_search(
     beam_size = tf.convert_to_tensor(beam_size, tf.int32)
     n_best = tf.minimum(tf.convert_to_tensor(n_best, tf.int32), beam_size)
     ranking = Ranking(
-        tf.convert_to_tensor(alpha, tf.float32), penalty, tf.convert_to_tensor(beta, tf.float32)
-    )
+        tf.convert_to_tensor(alpha, tf.float32), penalty, tf.convert_to_tensor(beta, tf.float32),
+        stopping,
+    )  # fmt: skip
     batch, src_len = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
     limits, width, prefix = _limits_width_and_prefix(
         max_lengths, batch, target_prefix, model.pad_id
@@ -734,8 +785,10 @@ def beam_search(
         state, sources, results = _retire(state, sources, results, n_best, ranking, beam_size)
         # The sources are constants of the inner loop: its ONNX Loop carries only the state.
         state = tf.while_loop(
-            lambda state: tf.logical_not(tf.reduce_any(_is_done(state, sources))),
-            lambda state: (_step(model, state, sources, beam_size, min_length, blocking, ranking),),
+            lambda state: tf.logical_not(tf.reduce_any(_is_done(state, sources, ranking))),
+            lambda state: (
+                _step(model, state, sources, beam_size, min_length, blocking, ranking, force_eos),
+            ),
             (state,),
             shape_invariants=(_any_shape(state),),
         )[0]
@@ -750,7 +803,9 @@ def beam_search(
         )
     )
     state, sources, results = tf.while_loop(
-        lambda state, sources, results: tf.logical_not(tf.reduce_all(_is_done(state, sources))),
+        lambda state, sources, results: tf.logical_not(
+            tf.reduce_all(_is_done(state, sources, ranking))
+        ),
         decode_until_one_is_done,
         (state, sources, results),
         shape_invariants=(state_shapes, source_shapes, result_shapes),
@@ -780,17 +835,19 @@ def search(model, source_ids, options, target_prefix=None):
             model, source_ids, limits, o.sampling_temperature, o.sampling_topk, o.sampling_topp,
             seed=(o.seed, 0), min_length=o.min_length,
             no_repeat_ngram_size=o.no_repeat_ngram_size, target_prefix=target_prefix,
+            force_eos=o.force_eos_at_limit,
         )  # fmt: skip
     elif isinstance(o.beam_size, int) and o.beam_size == 1 and o.n_best == 1:
         best = greedy_search(
-            model, source_ids, limits, o.min_length, o.no_repeat_ngram_size, target_prefix
-        )
+            model, source_ids, limits, o.min_length, o.no_repeat_ngram_size, target_prefix,
+            o.force_eos_at_limit,
+        )  # fmt: skip
     else:
         best = None
         outputs = beam_search(
             model, source_ids, limits, o.beam_size, o.n_best, o.length_penalty,
             o.length_penalty_type, o.coverage_penalty, o.min_length, o.no_repeat_ngram_size,
-            target_prefix,
+            target_prefix, o.beam_stopping, o.force_eos_at_limit,
         )  # fmt: skip
     if best is not None:
         outputs = [x[:, None] for x in best]  # one hypothesis per sentence

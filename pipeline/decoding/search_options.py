@@ -14,6 +14,7 @@ from typing import Any
 from pipeline.core.errors import UserError
 
 MAX_BEAM_SIZE = 64  # an exported graph clips a larger requested beam to it
+BEAM_STOPPING = ("k_finished", "no_improvement", "never")
 
 
 # What a value of each option kind may be (numpy's scalars too), and its name in an error.
@@ -80,6 +81,15 @@ SEARCH_OPTIONS = (
                  configured=True),
     SearchOption("coverage_penalty", float, 0.0, "beta of Wu et al.'s coverage penalty",
                  minimum=0.0, configured=True),
+    SearchOption("beam_stopping", str, "k_finished", "when a sentence's beam search ends: "
+                 "k_finished, once k hypotheses have ended; no_improvement, once k have ended "
+                 "and the best open one, scored at its length, ranks below them all; never, as "
+                 "no_improvement with the open one scored at the length limit (transformers' "
+                 "early_stopping true, false and never)", choices=BEAM_STOPPING,
+                 configured=True),
+    SearchOption("force_eos_at_limit", bool, False, "a hypothesis that reaches the length "
+                 "limit ends with </s>, at log-probability 0 (transformers' forced_eos_token_id)",
+                 configured=True),
     SearchOption("min_length", int, 0, "no end of sentence before this many tokens",
                  minimum=0, configured=True),
     SearchOption("no_repeat_ngram_size", int, 0, "no n-gram of this size appears twice in a "

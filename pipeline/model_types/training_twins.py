@@ -136,10 +136,13 @@ class TrainingTransformer(DistributedTraining, layers.Transformer):
 
     def token_loss(self, y, y_pred):
         mask = ops.not_equal(y, self.pad_id)
+        features, kernel = tf.boolean_mask(y_pred, mask), self.output_kernel()
+        if self.output_bias is not None:  # the bias as one more feature, always 1
+            features = tf.concat([features, tf.ones_like(features[:, :1])], axis=1)
+            kernel = tf.concat([kernel, tf.cast(self.output_bias, kernel.dtype)[None]], axis=0)
         loss_sum, nll_sum, hits = projected_token_cross_entropy(
-            tf.boolean_mask(y_pred, mask), tf.boolean_mask(y, mask), self.output_kernel(),
-            self.label_smoothing,
-        )  # fmt: skip
+            features, tf.boolean_mask(y, mask), kernel, self.label_smoothing
+        )
         tokens = ops.sum(ops.cast(mask, "float32"))
         self.token_accuracy.add_counts(hits, tokens)
         self.perplexity.update_state(nll_sum, mask)

@@ -4,14 +4,18 @@ from pipeline.core.errors import UserError
 from pipeline.core.fields import Field, positive_int, rate
 from pipeline.model_types.model_type import ModelType
 
+ACTIVATIONS = ("relu", "gelu", "silu")  # Keras' names; gelu is the exact (erf) one
+
 KEYS = {
     "model_dim": positive_int(512, "size of the embeddings and of every layer's output"),
     "num_heads": positive_int(8, "heads of every attention layer (model_dim must divide by it)"),
     "ffn_dim": positive_int(2048, "hidden size of the position-wise feed-forward networks"),
-    "positions": Field(str, "sinusoidal", "position encodings: fixed sinusoids or learned "
-                       "embeddings", choices=("sinusoidal", "learned")),
-    "max_positions": positive_int(512, "learned positions: the longest sequence they cover (at "
-                                  "least the data and decode length limits)"),
+    "positions": Field(str, "sinusoidal", "position encodings: fixed sinusoids, learned "
+                       "embeddings, or sinusoids with the sines first (Marian's layout)",
+                       choices=("sinusoidal", "learned", "sinusoidal_halves")),
+    "max_positions": positive_int(512, "learned and sinusoidal_halves positions: the longest "
+                                  "sequence they cover (at least the data and decode length "
+                                  "limits)"),
     "tie_embeddings": Field(bool, True, "the output projection is the transposed target "
                             "embedding"),
     "normalize_first": Field(bool, True, "pre-norm layers (each sublayer's input normalised, "
@@ -21,25 +25,45 @@ KEYS = {
                               "model.dropout's)", nullable=True),
     "ffn_dropout": rate(None, "dropout rate on the decoder's feed-forward hidden activations "
                         "(null: model.dropout's)", nullable=True),
+    # The keys below describe imported checkpoints (pipeline.import_model) as well as new models.
+    "activation": Field(str, "relu", "the feed-forward networks' activation",
+                        choices=ACTIVATIONS),
+    "decoder_num_heads": positive_int(None, "the decoder's attention heads (null: num_heads)",
+                                      nullable=True),
+    "decoder_ffn_dim": positive_int(None, "the decoder's feed-forward hidden size (null: "
+                                    "ffn_dim)", nullable=True),
+    "scale_embeddings": Field(bool, True, "embeddings multiplied by sqrt(model_dim) before the "
+                              "positions are added"),
+    "output_bias": Field(bool, False, "a learned bias on the output logits"),
+    "source_eos": Field(bool, False, "</s> appended to every source, in every runtime"),
+    "suppressed_ids": Field(list, [], "target ids never output nor counted in the search's "
+                            "softmax (an imported vocabulary's rows that no token owns)"),
 }  # fmt: skip
 
 
 def check(config, where):
     model = config["model"]
-    if model["model_dim"] % model["num_heads"]:
-        raise UserError(
-            f"{where}: model.model_dim ({model['model_dim']}) must be divisible by "
-            f"model.num_heads ({model['num_heads']})"
-        )
     if config["train"]["sampling_schedule"] != "none":
         raise UserError(
             f"{where}: train.sampling_schedule needs a recurrent model (model.type: rnn)"
         )
-    if model["positions"] == "learned":
+    for key, heads in (
+        ("num_heads", model["num_heads"]),
+        ("decoder_num_heads", model["decoder_num_heads"] or 1),
+    ):
+        if model["model_dim"] % heads:
+            raise UserError(f"{where}: model.model_dim ({model['model_dim']}) must be divisible "
+                            f"by model.{key} ({heads})")  # fmt: skip
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+               for i in model["suppressed_ids"]):  # fmt: skip
+        raise UserError(f"{where}: model.suppressed_ids must be a list of token ids, got "
+                        f"{model['suppressed_ids']!r}")  # fmt: skip
+    if model["positions"] in ("learned", "sinusoidal_halves"):
+        source_eos = int(model["source_eos"])
         longest = max(
-            config["data"]["max_source_length"],
+            config["data"]["max_source_length"] + source_eos,
             config["data"]["max_target_length"] + 1,
-            config["decode"]["max_source_length"],
+            config["decode"]["max_source_length"] + source_eos,
             config["decode"]["max_length_cap"],
         )
         if model["max_positions"] < longest:
@@ -71,6 +95,13 @@ def build(config, source_vocab_size, target_vocab_size, for_training):
         tie_embeddings=model_config["tie_embeddings"],
         normalize_first=model_config["normalize_first"],
         share_embeddings=model_config["share_embeddings"],
+        activation=model_config["activation"],
+        output_bias=model_config["output_bias"],
+        source_eos=model_config["source_eos"],
+        scale_embeddings=model_config["scale_embeddings"],
+        decoder_num_heads=model_config["decoder_num_heads"],
+        decoder_intermediate_dim=model_config["decoder_ffn_dim"],
+        suppressed_ids=model_config["suppressed_ids"],
         label_smoothing=config["train"]["label_smoothing"],
         name="transformer",
     )

@@ -1,0 +1,8 @@
+"""Pretrained checkpoints in the Hugging Face layout, imported as work directories: one module
+a checkpoint family (its config, weight names and tokenizer, as data), `imported` for what
+they share. `python -m pipeline.import_model` is the command."""
+
+from pipeline.pretrained import marian
+
+# model_type (config.json) -> the module converting it.
+FAMILIES = {marian.MODEL_TYPE: marian}

@@ -1,0 +1,133 @@
+"""A pretrained checkpoint in the Hugging Face layout, read without torch where its files allow:
+its JSON files, its SentencePiece models, and its weights as NumPy arrays. No TensorFlow here."""
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.core.errors import UnusableFileError, UserError, first_line
+
+CONFIG_FILE = "config.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"  # a sharded checkpoint's key -> shard
+TORCH_FILE = "pytorch_model.bin"
+# What a Hub download fetches: every file an importer reads, and no other format's weights.
+HUB_PATTERNS = ["*.json", "*.spm", "*.model", "*.safetensors", TORCH_FILE]
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+class Checkpoint:
+    """The files of one checkpoint directory, each read once and checked as it is read: a
+    missing or damaged file raises `UnusableFileError` naming it."""
+
+    def __init__(self, directory):
+        self.directory = Path(directory)
+        self.config = self.json(CONFIG_FILE)
+
+    def path(self, name, required=True):
+        path = self.directory / name
+        if required and not path.is_file():
+            raise UnusableFileError(path, "missing: the checkpoint's directory must hold it")
+        return path
+
+    def json(self, name, required=True):
+        """The JSON object in `name`, or {} for an absent optional file."""
+        path = self.path(name, required)
+        if not path.is_file():
+            return {}
+        try:
+            value = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise UnusableFileError(path, f"not readable JSON ({first_line(error)})") from None
+        if not isinstance(value, dict):
+            raise UnusableFileError(path, "expected a JSON object")
+        return value
+
+    def bytes(self, name):
+        try:
+            return self.path(name).read_bytes()
+        except OSError as error:
+            raise UnusableFileError(self.directory / name, first_line(error)) from None
+
+    def weights(self):
+        """{name: float32 array} of every tensor of the checkpoint: model.safetensors (or its
+        shards) through safetensors' NumPy API; else pytorch_model.bin through torch."""
+        if (self.directory / SAFETENSORS_INDEX).is_file():
+            shards = sorted(set(self.json(SAFETENSORS_INDEX).get("weight_map", {}).values()))
+            arrays = {}
+            for shard in shards:
+                arrays.update(_read_safetensors(self.path(shard)))
+            return arrays
+        if (self.directory / SAFETENSORS_FILE).is_file():
+            return _read_safetensors(self.directory / SAFETENSORS_FILE)
+        if (self.directory / TORCH_FILE).is_file():
+            return _read_torch(self.directory / TORCH_FILE)
+        raise UnusableFileError(
+            self.directory, f"no weights: expected {SAFETENSORS_FILE} (or {TORCH_FILE})"
+        )
+
+
+def _read_safetensors(path):
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="np") as tensors:
+            return {name: _float32(tensors.get_tensor(name), path, name)
+                    for name in tensors.keys()}  # fmt: skip
+    except (SafetensorError, OSError, ValueError) as error:
+        raise UnusableFileError(
+            path, f"not a readable safetensors file ({first_line(error)})"
+        ) from None
+
+
+def _read_torch(path):
+    try:
+        import torch
+    except ImportError:
+        raise UnusableFileError(
+            path,
+            "a PyTorch checkpoint, which needs torch to read: pip install torch (CPU "
+            "builds: https://download.pytorch.org/whl/cpu), or convert it to model.safetensors",
+        ) from None
+    try:
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises many types for a damaged file
+        raise UnusableFileError(
+            path, f"not a readable PyTorch checkpoint ({first_line(error)})"
+        ) from None
+    return {name: _float32(tensor.float().numpy(), path, name) for name, tensor in state.items()}
+
+
+def _float32(array, path, name):
+    if not np.issubdtype(array.dtype, np.floating):
+        raise UnusableFileError(path, f"{name}: {array.dtype} weights, expected floating point")
+    return np.asarray(array, np.float32)
+
+
+def resolve(source, log=print):
+    """The local directory of `source`: a directory as it is; a Hub id (`owner/name`, where
+    no such directory exists) downloaded through huggingface_hub where it is installed and
+    the network allows. Anything else: a `UserError` in one line."""
+    path = Path(source)
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise UserError(f"{source}: not a directory; give a checkpoint's directory or a Hub id")
+    if not HUB_ID.fullmatch(str(source)):
+        raise UserError(f"{source}: no such directory")
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise UserError(
+            f"{source}: no such directory, and fetching it from the Hugging Face Hub needs "
+            "huggingface_hub (pip install huggingface_hub); or download it and give its directory"
+        ) from None
+    log(f"Fetching {source} from the Hugging Face Hub")
+    try:
+        return Path(snapshot_download(repo_id=str(source), allow_patterns=HUB_PATTERNS))
+    except Exception as error:  # offline, unknown repository, gated model: all one line
+        raise UserError(f"{source}: cannot fetch it from the Hub ({first_line(error)})") from None

@@ -1,0 +1,124 @@
+"""What every checkpoint family's converter produces (`Imported`), and its one way into a work
+directory: the configuration, the Keras model with the checkpoint's weights, and the
+vocabularies, written together or not at all."""
+
+import dataclasses
+
+from pipeline.core.errors import UserError
+
+
+@dataclasses.dataclass
+class Imported:
+    family: str  # the checkpoint's model_type
+    model: dict  # the toolkit's `model` keys
+    suppressed_ids: list  # target ids never output (`model.suppressed_ids`)
+    source_model: bytes  # the source SentencePiece model, ids = model ids
+    target_model: bytes
+    weights: dict  # {Keras weight path below the model: (array, checkpoint name)}
+    search: dict  # the `decode` keys of the checkpoint's own search, and "renormalized"
+    languages: dict  # {"source": code, "target": code, "tags": {code: token}}
+    unproducible: list  # source tokens no segmentation gives (said at import)
+
+
+def weight_rules(settings, encoder_layer, decoder_layer):
+    """{Keras path below the model: (checkpoint name, layout, heads)} of every layer's weights,
+    from a family's per-layer tables ({path below the layer: (name below the layer,
+    layout)}) and the depths and heads of `settings` (the `model` keys). Layers are
+    `model.encoder.layers.{i}` and `model.decoder.layers.{i}` in the checkpoint."""
+    rules = {}
+    for side, table, heads in (
+        ("encoder", encoder_layer, settings["num_heads"]),
+        ("decoder", decoder_layer, settings["decoder_num_heads"] or settings["num_heads"]),
+    ):
+        for i in range(settings[f"{side}_layers"]):
+            for path, (name, layout) in table.items():
+                rules[f"{side}_layer_{i}/{path}"] = (f"model.{side}.layers.{i}.{name}", layout,
+                                                     heads)  # fmt: skip
+    return rules
+
+
+def parameter_names(rules):
+    return [name for name, _, _ in rules.values()]
+
+
+def work_config(imported):
+    """The work directory's configuration (validated): the model, its vocabularies' sharing,
+    and the checkpoint's own search as the decode defaults."""
+    from pipeline.config import defaults
+
+    config = defaults("transformer")
+    config["model"].update(imported.model, suppressed_ids=list(imported.suppressed_ids))
+    search = {k: v for k, v in imported.search.items() if k != "renormalized"}
+    config["decode"].update(search)
+    # Every source position, </s> included, within the positions the model has.
+    longest = imported.model["max_positions"] - int(imported.model["source_eos"])
+    config["decode"]["max_source_length"] = longest
+    data = config["data"]
+    data["shared_vocabulary"] = imported.source_model == imported.target_model
+    data["max_source_length"] = min(data["max_source_length"], longest)
+    data["max_target_length"] = min(data["max_target_length"], longest - 1)
+    for side in ("source", "target"):
+        data[f"{side}_language"] = imported.languages.get(side)
+    return config
+
+
+def set_weights(model, weights):
+    """Assigns `weights` to the Keras `model`'s variables by path; a shape that disagrees
+    with the configuration is a `UserError` naming the checkpoint's weight."""
+    placed = set()
+    for variable in model.variables:
+        path = variable.path.split("/", 1)[-1]
+        if "seed_generator" in path:
+            continue
+        if path not in weights:
+            raise UserError(f"model weights: nothing in the checkpoint for {path}")
+        array, name = weights[path]
+        if tuple(array.shape) != tuple(variable.shape):
+            raise UserError(f"model weights: {name} has shape {list(array.shape)}; the "
+                            f"configuration gives {list(variable.shape)}")  # fmt: skip
+        variable.assign(array)
+        placed.add(path)
+    left = sorted(set(weights) - placed)
+    if left:
+        raise UserError(f"model weights: {weights[left[0]][1]} has no place in the model")
+
+
+def write_work_directory(imported, workdir, log=print):
+    """Writes `imported` as a trained work directory, atomically: config.yaml, model.keras
+    and vocab/. Returns the configuration."""
+    from pipeline.config import load_config, save_config
+    from pipeline.data.tokenizer import vocabulary_paths, write_sentencepiece
+    from pipeline.model_types.builder import build_model
+    from pipeline.workdir import (
+        CONFIG_FILE,
+        MODEL_FILE,
+        save_model_atomically,
+        write_directory_atomically,
+    )
+
+    config = work_config(imported)
+
+    def fill(directory):
+        save_config(config, directory / CONFIG_FILE)
+        load_config(directory / CONFIG_FILE, saved=True)  # the checks any work directory passes
+        paths = vocabulary_paths(directory, config["data"]["shared_vocabulary"])
+        paths[0].parent.mkdir()
+        for path, proto in zip(paths, (imported.source_model, imported.target_model)):
+            write_sentencepiece(proto, path)
+        sizes = [_size(proto) for proto in (imported.source_model, imported.target_model)]
+        model = build_model(config, *sizes)
+        set_weights(model, imported.weights)
+        save_model_atomically(model, directory / MODEL_FILE)
+        log(f"Model: {model.count_params():,} parameters; vocabularies: {sizes[0]:,} source, "
+            f"{sizes[1]:,} target ids")  # fmt: skip
+
+    write_directory_atomically(workdir, fill)
+    return config
+
+
+def _size(proto):
+    from sentencepiece import sentencepiece_model_pb2 as model_pb2
+
+    model = model_pb2.ModelProto()
+    model.ParseFromString(proto)
+    return len(model.pieces)
