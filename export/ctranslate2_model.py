@@ -8,7 +8,8 @@ vocabularies as JSON token lists in id order, and the SentencePiece models to to
     results = translator.translate_batch(
         processor.encode(sentences, out_type=str), beam_size=5, max_input_length=250)
 
-Sources take no <s> or </s> (as in training); decoding starts from <s> at position 0. The
+Sources take no <s>, and </s> only where the model appends one (`model.source_eos`, which
+CTranslate2's `add_source_eos` does too); decoding starts from <s> at position 0. The
 weights are copied as they are, and where CTranslate2's formulas differ from ours the model
 carries ours: its position table is ours, written out (CTranslate2's own sinusoids are
 concatenated, not interleaved, with other frequencies and start at position 1).
@@ -25,17 +26,24 @@ import keras
 import numpy as np
 import sentencepiece
 
+from layers.transformer import NEVER
 from pipeline.core.errors import UserError
 from pipeline.data.tokenizer import BOS_ID, EOS_ID, UNK_ID
 
 try:
     from ctranslate2.specs import TransformerSpec, common_spec
+    from ctranslate2.specs import transformer_spec as ct2_transformer
 except ImportError as error:
     raise UserError(
         f"the ctranslate2 export format needs CTranslate2 ({error}): pip install ctranslate2"
     ) from None
 
-ACTIVATIONS = {"relu": common_spec.Activation.RELU}  # ours -> CTranslate2's, for the FFN
+# Ours -> CTranslate2's, for the FFN (its GELU is the exact, erf one; SWISH is x * sigmoid(x)).
+ACTIVATIONS = {
+    "relu": common_spec.Activation.RELU,
+    "gelu": common_spec.Activation.GELU,
+    "silu": common_spec.Activation.SWISH,
+}
 # Rows of a sinusoidal table: CTranslate2's default max_input_length, so that no input it
 # leaves uncut runs past the table (CTranslate2 refuses positions beyond it).
 SINUSOIDAL_POSITIONS = 1024
@@ -117,16 +125,24 @@ def transformer_spec(model, source_tokens, target_tokens):
         {x.layer_norm_epsilon for x in every_layer} | {n.epsilon for n in final_norms},
         "layer normalisation epsilon",
     )
-    spec = TransformerSpec.from_config(
-        (model.num_encoder_layers, model.num_decoder_layers),
+    encoder_spec = ct2_transformer.TransformerEncoderSpec(
+        model.num_encoder_layers,
         model.num_heads,
+        pre_norm=model.normalize_first,
+        activation=ACTIVATIONS[activation],
+    )
+    decoder_spec = ct2_transformer.TransformerDecoderSpec(
+        model.num_decoder_layers,
+        model.decoder_num_heads,
         pre_norm=model.normalize_first,
         activation=ACTIVATIONS[activation],
         # The alignments of our search: the last layer's cross-attention, averaged over heads.
         alignment_layer=-1,
         alignment_heads=0,
     )
+    spec = TransformerSpec(encoder_spec, decoder_spec)
     spec.config.layer_norm_epsilon = epsilon
+    spec.config.add_source_eos = model.source_eos
     spec.config.unk_token = target_tokens[UNK_ID]
     spec.config.bos_token = spec.config.decoder_start_token = target_tokens[BOS_ID]
     spec.config.eos_token = target_tokens[EOS_ID]
@@ -136,8 +152,11 @@ def transformer_spec(model, source_tokens, target_tokens):
     encoder, decoder = spec.encoder, spec.decoder
     encoder.embeddings[0].weight = _numpy(model.source_embedding.embeddings)
     decoder.embeddings.weight = _numpy(model.target_embedding.embeddings)
-    encoder.scale_embeddings = decoder.scale_embeddings = True  # by sqrt(model_dim), as ours
-    rows = model.max_positions if model.positions == "learned" else SINUSOIDAL_POSITIONS
+    # By sqrt(model_dim), as ours, or not at all.
+    encoder.scale_embeddings = decoder.scale_embeddings = model.scale_embeddings
+    # A table of its own length covers what the model covers; a computed one, what CTranslate2
+    # leaves uncut.
+    rows = model.max_positions if model.positions != "sinusoidal" else SINUSOIDAL_POSITIONS
     _set_position_table(encoder.position_encodings, model.source_positions, rows, model.model_dim)
     _set_position_table(decoder.position_encodings, model.target_positions, rows, model.model_dim)
     for layer_spec, layer in zip(encoder.layer, model.encoder_layers):
@@ -152,6 +171,13 @@ def transformer_spec(model, source_tokens, target_tokens):
         if model.tie_embeddings
         else _numpy(model.target_embedding.reverse_embeddings).T
     )
+    if model.output_bias is not None or model.suppressed_ids:
+        # The suppressed ids' logits as our decoding steps have them: never chosen, no mass.
+        bias = np.zeros(model.target_vocab_size, np.float32)
+        if model.output_bias is not None:
+            bias += _numpy(model.output_bias)
+        bias[list(model.suppressed_ids)] = NEVER
+        decoder.projection.bias = bias
     return spec
 
 

@@ -140,7 +140,7 @@ def export_model(
     if "saved_model" in formats or "onnx" in formats:
         graph = TranslationGraph(
             model, source_tokenizer.model_proto, target_tokenizer.model_proto, config["decode"],
-            multilingual.languages(config["data"]),
+            multilingual.language_tags(config["data"]),
         )  # fmt: skip
     start = time.perf_counter()
     paths = {}

@@ -315,7 +315,8 @@ class OnnxTranslator:
         """`sentences` as the model takes them: tagged with their target language for a
         multilingual model (`pipeline.core.multilingual.tag_requests`)."""
         own = self.metadata.get("languages", {}).get("target")
-        return multilingual.tag_requests(list(sentences), target_language, self.languages, own,
+        tags = self.metadata.get("languages", {}).get("tags", {})
+        return multilingual.tag_requests(list(sentences), target_language, tags, own,
                                          "target_language", ValueError)  # fmt: skip
 
     def _strip(self, ids):

@@ -25,7 +25,6 @@ from export.signature import (
     TRANSLATIONS,
     WITH_PREFIX,
 )
-from pipeline.core.multilingual import TAG_CLOSE, TAG_OPEN
 from pipeline.data.tokenizer import PAD_ID, UNK_ID
 from pipeline.decoding.search import search as run_search
 from pipeline.decoding.search_options import (
@@ -64,20 +63,23 @@ def _search_signature(search, defaults, options=EXPORTED_OPTIONS):
     return tf.function(search_with_options, input_signature=input_signature)
 
 
-def _tagger(languages):
+def _tagger(tags):
     """`tag(sentences, target_language)`: each non-blank sentence with the tag of its language
-    before it (`pipeline.core.multilingual`), in the graph; a language the model does not have
-    fails the request with a message naming its languages."""
-    known = tf.constant(list(languages))
+    before it (`tags`: {code: tag}, `pipeline.core.multilingual.language_tags`), in the graph;
+    a language the model does not have fails the request with a message naming its languages."""
+    known = tf.constant(list(tags))
+    prefixes = tf.constant([tag + " " for tag in tags.values()])
     message = (f"{TARGET_LANGUAGE}: an unknown language, or not one a sentence; this model "
-               f"translates into {', '.join(languages)}")  # fmt: skip
+               f"translates into {', '.join(tags)}")  # fmt: skip
 
     def tag(sentences, target_language):
-        known_each = tf.reduce_any(tf.equal(target_language[:, None], known[None, :]), axis=1)
+        matches = tf.equal(target_language[:, None], known[None, :])
+        known_each = tf.reduce_any(matches, axis=1)
         fits = tf.logical_and(tf.equal(tf.size(target_language), tf.size(sentences)),
                               tf.reduce_all(known_each))  # fmt: skip
         with tf.control_dependencies([tf.debugging.Assert(fits, [message])]):
-            tagged = tf.strings.join([TAG_OPEN, target_language, TAG_CLOSE + " ", sentences])
+            prefix = tf.gather(prefixes, tf.argmax(tf.cast(matches, tf.int32), axis=1))
+            tagged = tf.strings.join([prefix, sentences])
         return tf.where(tf.equal(tf.strings.strip(sentences), ""), sentences, tagged)
 
     return tag
@@ -110,7 +112,9 @@ class TranslationGraph(tf.Module):
     and detokenisation in the graph. An empty sentence translates to an empty string.
     """
 
-    def __init__(self, model, source_model_proto, target_model_proto, decode, languages=()):
+    def __init__(self, model, source_model_proto, target_model_proto, decode, languages=None):
+        """`languages`: a multilingual model's {code: tag} (`multilingual.language_tags`),
+        which `translate` takes a `target_language` a sentence for; None or {}: one target."""
         super().__init__(name="translation")
         # The variables, not the model: see the module docstring.
         self.model_variables = [variable.value for variable in model.variables]
@@ -177,7 +181,7 @@ class TranslationGraph(tf.Module):
         prefix_spec = tf.TensorSpec([None], tf.string, name=TARGET_PREFIX)
         if languages:  # multilingual: each sentence asks for its language
             language_spec = tf.TensorSpec([None], tf.string, name=TARGET_LANGUAGE)
-            tag = _tagger(languages)
+            tag = _tagger(dict(languages))
 
             @tf.function(input_signature=[sentences_spec, language_spec])
             def translate(sentences, target_language):

@@ -241,10 +241,20 @@ class Transformer(EncoderDecoderModel):
         at_end = ops.arange(ops.shape(padded)[1])[None, :] == lengths[:, None]
         return ops.where(at_end, self.eos_id, padded)
 
-    def _source_weights(self, weights):
-        """Attention weights over the sources as the caller gave them: the column that
-        `source_eos` adds is dropped (its weight is the appended </s>'s or a padding's)."""
-        return weights[..., :-1] if self.source_eos else weights
+    def _source_weights(self, weights, memory_mask):
+        """Attention weights over the sources as the caller gave them (`[rows, ..., src_len]`,
+        rows grouped by source as the search groups them): with `source_eos`, the appended
+        </s>'s share is left out and the rest renormalised, so that alignments, plots and
+        <unk> replacement see a distribution over the caller's tokens."""
+        if not self.source_eos:
+            return weights
+        # Position j is one of the caller's tokens iff j + 1 is unmasked (</s> follows the last).
+        real = ops.cast(memory_mask[:, 1:], weights.dtype)
+        sources = ops.shape(real)[0]
+        grouped = ops.reshape(weights[..., :-1], (sources, -1, ops.shape(real)[1]))
+        grouped = grouped * real[:, None, :]
+        total = ops.maximum(ops.sum(grouped, axis=-1, keepdims=True), 1e-9)
+        return ops.reshape(grouped / total, ops.shape(weights[..., :-1]))
 
     # Decoding contract.
 
@@ -288,7 +298,8 @@ class Transformer(EncoderDecoderModel):
         logits = self._logits(self._final_norm(self.decoder_norm, x))
         if self._suppression is not None:
             logits = logits + ops.convert_to_tensor(self._suppression, logits.dtype)
-        return logits, {"self_attention": tuple(caches)}, self._source_weights(weights)
+        weights = self._source_weights(weights, encoded["memory_mask"])
+        return logits, {"self_attention": tuple(caches)}, weights
 
     # Teacher-forced pass.
 
@@ -301,7 +312,8 @@ class Transformer(EncoderDecoderModel):
         )
         for layer, memory_cache in zip(self.decoder_layers, encoded["memory_cache"]):
             x, weights = layer(x, memory_cache, encoded["memory_mask"], training=training)
-        return self._final_norm(self.decoder_norm, x), self._source_weights(weights)
+        weights = self._source_weights(weights, encoded["memory_mask"])
+        return self._final_norm(self.decoder_norm, x), weights
 
     def output_kernel(self):
         """`[model_dim, target_vocab_size]`: logits are `output_features` times it (plus

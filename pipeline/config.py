@@ -121,6 +121,9 @@ SCHEMA = {
                                           "pieces are dropped"),
         "max_target_length": positive_int(100, "training and validation pairs whose target needs "
                                           "more pieces, </s> included, are dropped"),
+        "language_tags": Field(dict, None, "an imported multi-target model's {target language "
+                               "code: the token asking for it} (null: one target, or multiway_*)",
+                               nullable=True),
         "source_language": Field(str, None, "the source language's code in the ONNX export's "
                                  "model.json (null: the training files' suffix, de in "
                                  "train.de.gz)", nullable=True),
@@ -440,6 +443,12 @@ def parse_overrides(assignments):
 
 def _check_consistency(config, where, saved=False):
     data = config["data"]
+    tags = data["language_tags"] or {}
+    if tags and data["multiway_train"]:
+        raise UserError(f"{where}: data.language_tags and data.multiway_train are alternatives")
+    if not all(isinstance(k, str) and isinstance(v, str) and v.strip() for k, v in tags.items()):
+        raise UserError(f"{where}: data.language_tags must map language codes to tokens, got "
+                        f"{tags!r}")  # fmt: skip
     if data["multiway_train"]:
         _check_multiway_consistency(data, where)
         return _check_training_settings(config, where, saved)

@@ -78,7 +78,7 @@ def main(argv=None):
     from pipeline.workdir import load_ensemble
 
     config, model, source_tokenizer, target_tokenizer = load_ensemble(args.workdir, args.weights)
-    languages = multilingual.languages(config["data"])
+    languages = multilingual.language_tags(config["data"])
     own_target = multilingual.model_languages(config["data"]).get("target")
     # The language checked before any file is read (a blank sentence needs no tag).
     multilingual.tag_requests([""], args.target_language, languages, own_target,

@@ -124,6 +124,11 @@ def inherited_overrides(config_path, overrides, init_from):
     for side, path in zip(SIDES, paths, strict=True):
         if not data_named.get(f"{side}_vocabulary"):
             inherited.append(f"data.{side}_vocabulary={path.resolve()}")
+    tags = trained["data"]["language_tags"]
+    if tags and "language_tags" not in data_named:  # the tags its vocabulary holds
+        inherited.append(
+            f"data.language_tags={yaml.safe_dump(tags, default_flow_style=True).strip()}"
+        )
     if "shared_vocabulary" not in data_named:
         inherited.append(f"data.shared_vocabulary={str(paths[0] == paths[1]).lower()}")
     return inherited

@@ -127,7 +127,7 @@ def main(argv=None):
                                     ("--languages-in-input", args.languages_in_input))
                  if given), "--target-language")  # fmt: skip
     requests = multilingual.tag_requests(
-        sentences, asked, multilingual.languages(config["data"]),
+        sentences, asked, multilingual.language_tags(config["data"]),
         multilingual.model_languages(config["data"]).get("target"), flag,
     )  # fmt: skip
     translator = Translator.from_trained(

@@ -174,7 +174,7 @@ def load_ensemble(workdirs, weights=None):
                 raise UserError(f"{workdir}: its {side} vocabulary differs from "
                                 f"{workdirs[0]}'s ({difference}); an ensemble's models share "
                                 "their vocabularies")  # fmt: skip
-        targets = [multilingual.languages(c["data"]) for c in (first_config, config)]
+        targets = [multilingual.language_tags(c["data"]) for c in (first_config, config)]
         if targets[0] != targets[1]:  # the tags a multilingual model's requests may name
             raise UserError(
                 f"{workdir}: translates into {', '.join(targets[1]) or 'one language'}, "

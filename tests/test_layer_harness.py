@@ -4,6 +4,7 @@ layer configuration, one test per case and check that applies to it."""
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import layers
 from helpers import ATTENTION_FACTORIES, BOS, reversal_data
@@ -416,6 +417,22 @@ CASES = [
         skip={"steps": "an encoder layer reads the whole source at once"},
     ),
     LayerCase(
+        "split_sine_positions",
+        lambda: layers.SplitSinePositions(max_positions=6),
+        sequence_inputs,
+        lambda layer, inputs: layer(inputs["x"]),
+        # The encodings depend on positions alone: nothing at a padded position changes them.
+        masking=Masking(
+            perturb=lambda inputs, rng: {"x": noise_at(inputs["x"], TARGET_MASK, rng)},
+            invariant=lambda inputs, outputs: [np.asarray(outputs)[TARGET_MASK]],
+        ),
+        steps=lambda layer, inputs: tf.concat(
+            [layer(inputs["x"][:, t : t + 1], start_index=t) for t in range(inputs["x"].shape[1])],
+            axis=1,
+        ),
+        skip={"gradients": "a fixed table: no weights, and no gradient to its inputs"},
+    ),
+    LayerCase(
         "sixteen_bit_dropout",
         lambda: layers.SixteenBitDropout(0.3, seed=1),
         sequence_inputs,
@@ -436,6 +453,22 @@ CASES = [
         "recurrent_seq2seq_convolutional_encoder", recurrent_model_with_convolutional_encoder
     ),
     model_case("transformer", transformer()),
+    model_case(
+        "transformer_imported_options",
+        transformer(
+            positions="sinusoidal_halves",
+            max_positions=12,
+            tie_embeddings=False,
+            normalize_first=False,
+            activation="silu",
+            output_bias=True,
+            source_eos=True,
+            scale_embeddings=False,
+            decoder_num_heads=4,
+            decoder_intermediate_dim=12,
+            suppressed_ids=[0, 2],
+        ),  # fmt: skip
+    ),
     model_case(
         "transformer_learned_untied_post_norm",
         transformer(

@@ -175,7 +175,7 @@ def test_synthetic_sources_train_their_directions_beside_the_sets_own(tmp_path):
 
 
 def test_requests_are_tagged_for_a_multilingual_model_and_checked():
-    known, flag = ["de", "en", "fr"], "--target-language"
+    known, flag = {code: f"<2{code}>" for code in ("de", "en", "fr")}, "--target-language"
     assert tag_requests(["Ein Hund.", ""], "fr", known) == ["<2fr> Ein Hund.", ""]
     assert tag_requests(["a", "b"], ["en", "de"], known) == ["<2en> a", "<2de> b"]
     with pytest.raises(UserError, match="translates into de, en, fr: give --target-language"):
@@ -509,9 +509,11 @@ def test_the_tag_is_left_out_of_alignments_and_plots(trained):
     pieces = translator.source_tokenizer.processor.encode(source, out_type=str)
     assert best.source_tokens == pieces
     assert best.attention.shape == (len(best.target_tokens), len(pieces))
-    assert leading_tag_pieces(["▁", "<2fr>", "▁Ein"], ["de", "fr"]) == 2
-    assert leading_tag_pieces(["<2fr>", "▁Ein"], ["fr"]) == 1
-    assert leading_tag_pieces(["▁", "Ein"], ["fr"]) == 0
+    assert leading_tag_pieces(["▁", "<2fr>", "▁Ein"], {"de": "<2de>", "fr": "<2fr>"}) == 2
+    assert leading_tag_pieces(["<2fr>", "▁Ein"], {"fr": "<2fr>"}) == 1
+    assert leading_tag_pieces(["▁", "Ein"], {"fr": "<2fr>"}) == 0
+    # An imported checkpoint's tag, one piece with its word boundary.
+    assert leading_tag_pieces(["▁>>fra<<", "▁Ein"], {"fra": ">>fra<<"}) == 1
 
 
 def test_backtranslation_picks_the_untrained_directions_and_a_pivot_into_their_sources():

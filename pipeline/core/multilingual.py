@@ -38,22 +38,23 @@ def language_tag(language):
     return f"{TAG_OPEN}{language}{TAG_CLOSE}"
 
 
-def leading_tag_pieces(pieces, languages):
+def leading_tag_pieces(pieces, tags):
     """How many of a tagged source's first SentencePiece `pieces` spell its tag (the tag and
-    a lone word boundary before it); 0 when it starts with no tag of `languages`."""
-    tags = {language_tag(language) for language in languages}
+    a lone word boundary before it, or a piece that holds both); 0 when it starts with no tag
+    of `tags` ({code: tag})."""
+    spelled = set(tags.values())
     for index, piece in enumerate(pieces[:2]):
-        if piece in tags:
+        if piece in spelled or piece.lstrip("\u2581") in spelled:
             return index + 1
         if piece != "\u2581":
             return 0
     return 0
 
 
-def tagged(sentences, language):
-    """`sentences` (str or bytes), each asking for a translation into `language`; a blank
-    one stays as it is (nothing to translate)."""
-    prefix = language_tag(language) + " "
+def tagged(sentences, tag):
+    """`sentences` (str or bytes), each asking with `tag` (see `language_tags`) for a
+    translation into its language; a blank one stays as it is (nothing to translate)."""
+    prefix = tag + " "
     return [
         s if not s.strip() else prefix.encode("utf-8") + s if isinstance(s, bytes) else prefix + s
         for s in sentences
@@ -72,6 +73,15 @@ class Direction:
 def languages(data):
     """The languages of a multi-way configuration, sorted; [] for a bilingual one."""
     return sorted(data.get(SPLIT_KEYS["train"]) or {})
+
+
+def language_tags(data):
+    """{code: the tag asking for it} of each language a model translates into, by code ({}
+    for a model of one target language): a multi-way model's `<2xx>` symbols, or an imported
+    multi-target checkpoint's own tokens (`data.language_tags`, such as Marian's `>>fra<<`)."""
+    if data.get("language_tags"):
+        return dict(sorted(data["language_tags"].items()))
+    return {code: language_tag(code) for code in languages(data)}
 
 
 def is_multilingual(data):
@@ -125,11 +135,11 @@ def training_directions(data):
 
 def tag_requests(sentences, languages_asked, known, own_target=None, name="target_language",
                  error=UserError):  # fmt: skip
-    """`sentences` as a model takes them. A multilingual model (`known`: the languages it
-    translates into) takes each tagged with its language (`languages_asked`: one code, or one
-    a sentence); a bilingual one (`known` empty) takes them unchanged, and a language asked
-    must be its `own_target`. A missing or unknown language raises `error` naming `name` and
-    the model's languages."""
+    """`sentences` as a model takes them. A multilingual model (`known`: {code: tag} of the
+    languages it translates into, `language_tags`) takes each tagged with its language
+    (`languages_asked`: one code, or one a sentence); a bilingual one (`known` empty) takes
+    them unchanged, and a language asked must be its `own_target`. A missing or unknown
+    language raises `error` naming `name` and the model's languages."""
     asked = _as_list(languages_asked, sentences, error)
     if not known:
         wrong = set(asked) - {None, own_target}
@@ -143,7 +153,7 @@ def tag_requests(sentences, languages_asked, known, own_target=None, name="targe
         if language not in known:
             raise error(f"{name}: unknown language {language!r}; this model translates into "
                         f"{', '.join(known)}")  # fmt: skip
-    return [tagged([sentence], language)[0] for sentence, language in zip(sentences, asked)]
+    return [tagged([sentence], known[language])[0] for sentence, language in zip(sentences, asked)]
 
 
 def _as_list(languages_asked, sentences, error):
@@ -164,11 +174,12 @@ def model_languages(data):
     """{"source": code, "target": code}: each side's `data.<side>_language`, else the language
     suffix its training files all share (train.de.gz -> de); a side with neither is left out.
     A multilingual model: {"targets": the languages it translates into, "tags": {code: its
-    tag}}, so that a runtime in another language needs no rule of its own."""
+    tag}} (an imported multi-target one has its source language too), so that a runtime in
+    another language needs no rule of its own."""
     if is_multilingual(data):
-        return {"targets": languages(data), "tags": {code: language_tag(code)
-                                                     for code in languages(data)}}  # fmt: skip
-    found = {}
+        return {"targets": languages(data), "tags": language_tags(data)}
+    found = {"targets": sorted(data["language_tags"]), "tags": language_tags(data)} if data.get(
+        "language_tags") else {}  # fmt: skip
     for side in ("source", "target"):
         paths = [data[f"train_{side}"]] + [c.get(side) for c in data["train_corpora"] or []]
         codes = {_language_suffix(path) for path in paths if path}

@@ -135,7 +135,9 @@ def read_multiway(data_config, split, directions=None):
     for direction in chosen:
         if direction.source in lines and direction.target in lines:
             start = len(corpus.sources)
-            corpus.sources += multilingual.tagged(lines[direction.source], direction.target)
+            corpus.sources += multilingual.tagged(
+                lines[direction.source], multilingual.language_tag(direction.target)
+            )
             corpus.targets += lines[direction.target]
             corpus.directions.append((direction, start, len(corpus.sources)))
     return corpus
@@ -424,7 +426,9 @@ def scan_multiway(data_config, sample_size=0, seed=0, log=print):
         d = directions[index % len(directions)]
         source, target = samples[d.source][index], samples[d.target][index]
         if source is not None and target is not None:
-            pairs.append((multilingual.tagged([source], d.target)[0], target))
+            pairs.append(
+                (multilingual.tagged([source], multilingual.language_tag(d.target))[0], target)
+            )
     vocabulary = [line for language in sorted(samples) for line in samples[language]
                   if line is not None]  # fmt: skip
     return corpora, [s for s, _ in pairs], [t for _, t in pairs], vocabulary

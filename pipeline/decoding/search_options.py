@@ -81,14 +81,13 @@ SEARCH_OPTIONS = (
                  configured=True),
     SearchOption("coverage_penalty", float, 0.0, "beta of Wu et al.'s coverage penalty",
                  minimum=0.0, configured=True),
-    SearchOption("beam_stopping", str, "k_finished", "when a sentence's beam search ends: "
-                 "k_finished, once k hypotheses have ended; no_improvement, once k have ended "
-                 "and the best open one, scored at its length, ranks below them all; never, as "
-                 "no_improvement with the open one scored at the length limit (transformers' "
-                 "early_stopping true, false and never)", choices=BEAM_STOPPING,
-                 configured=True),
-    SearchOption("force_eos_at_limit", bool, False, "a hypothesis that reaches the length "
-                 "limit ends with </s>, at log-probability 0 (transformers' forced_eos_token_id)",
+    # no_improvement and never are transformers' early_stopping false and "never" (true is
+    # k_finished): `search._is_done` says how each decides.
+    SearchOption("beam_stopping", str, "k_finished", "a sentence's beam search ends with k "
+                 "hypotheses ended, or also none open that can still rank above them",
+                 choices=BEAM_STOPPING, configured=True),
+    SearchOption("force_eos_at_limit", bool, False, "a hypothesis at the length limit ends "
+                 "with </s>, at log-probability 0 (transformers' forced_eos_token_id)",
                  configured=True),
     SearchOption("min_length", int, 0, "no end of sentence before this many tokens",
                  minimum=0, configured=True),

@@ -52,8 +52,8 @@ class Translator:
         self.target_tokenizer = target_tokenizer
         self.options = options
         self.batch_size = batch_size
-        # A multilingual model's languages; a bilingual one's target language, where known.
-        self.languages, self.target_language = list(languages), target_language
+        # A multilingual model's {language: tag}; a bilingual one's target language, if known.
+        self.languages, self.target_language = dict(languages), target_language
         self._searches = {}  # SearchOptions -> its traced searches, without and with a prefix
 
     @classmethod
@@ -66,7 +66,7 @@ class Translator:
         search = SearchOptions.from_config(config["decode"], **options)
         batch_size = batch_size or config["decode"]["batch_size"]
         return cls(model, source_tokenizer, target_tokenizer, search, batch_size,
-                   multilingual.languages(config["data"]),
+                   multilingual.language_tags(config["data"]),
                    multilingual.model_languages(config["data"]).get("target"))  # fmt: skip
 
     def _searchers(self, options):

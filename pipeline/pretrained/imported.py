@@ -59,6 +59,7 @@ def work_config(imported):
     data["max_target_length"] = min(data["max_target_length"], longest - 1)
     for side in ("source", "target"):
         data[f"{side}_language"] = imported.languages.get(side)
+    data["language_tags"] = imported.languages.get("tags") or None
     return config
 
 

@@ -84,6 +84,15 @@ def side_model(space, spm_proto, user_defined=()):
     own = model_pb2.ModelProto()
     own.ParseFromString(spm_proto)
     scores = {p.piece: (p.score, p.type) for p in own.pieces if p.type in PRODUCIBLE}
+    # The checkpoint's tokenizer looks a span of characters its model does not know up by
+    # its text: a table piece made of such characters alone is that span's id. Scored just
+    # above an unknown span (SentencePiece's penalty is 10 below the lowest score), it is
+    # segmented where the span was.
+    known = {character for piece in scores for character in piece}
+    lowest = min((score for score, _ in scores.values()), default=0.0)
+    for piece in space.pieces[len(SPECIAL_PIECES) :]:
+        if piece not in scores and "\u2581" not in piece and not known.intersection(piece):
+            scores[piece] = (lowest - 5.0, Piece.NORMAL)
     rewritten = model_pb2.ModelProto()
     rewritten.CopyFrom(own)
     del rewritten.pieces[:]

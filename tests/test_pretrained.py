@@ -1,0 +1,344 @@
+"""Imported Marian checkpoints compute what transformers computes: the fixtures under
+tests/fixtures/hf_marian (made by bench/hf_fixtures.py in a venv of its own, with torch and
+transformers, which this environment never has) hold small trained checkpoints and what
+transformers gave for them: tokenizer ids, logits for forced targets, greedy and beam ids."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from helpers import PROJECT_ROOT, run_python
+from pipeline.core.errors import UserError
+from pipeline.decoding.search import search
+from pipeline.decoding.search_options import SearchOptions
+from pipeline.import_model import import_checkpoint
+from pipeline.workdir import load_trained
+
+FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "hf_marian"
+NAMES = ("shared_tied_swish", "separate_untied_relu", "unequal_gelu", "multi_target")
+LOGIT_TOLERANCE = 1e-4
+
+
+def expected(name):
+    return json.loads((FIXTURES / name / "expected.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    """{fixture name: its work directory}, each imported once."""
+    root = tmp_path_factory.mktemp("imported")
+    for name in NAMES:
+        import_checkpoint(FIXTURES / name, root / name, log=lambda _: None)
+    return {name: root / name for name in NAMES}
+
+
+class IdMap:
+    """The checkpoint's ids of a work directory's ids and back, from the pieces alone (an
+    independent reading of the convention `pipeline.pretrained.vocabulary` writes)."""
+
+    def __init__(self, tokenizer, table, config):
+        processor = tokenizer.processor
+        start = config.get("decoder_start_token_id", config["pad_token_id"])
+        specials = {1: table["<unk>"], 2: start, 3: config["eos_token_id"]}
+        self.to_checkpoint = {}
+        for i in range(processor.get_piece_size()):
+            piece = processor.id_to_piece(i)
+            if i in specials:
+                self.to_checkpoint[i] = specials[i]
+            elif i >= 4:
+                self.to_checkpoint[i] = table.get(piece, table.get(piece.lstrip("\u2581")))
+                if self.to_checkpoint[i] is None:
+                    self.to_checkpoint[i] = table["<unk>"]
+        self.to_ours = {}
+        for ours, theirs in sorted(self.to_checkpoint.items(), reverse=True):
+            self.to_ours[theirs] = ours  # the lowest of our ids for a checkpoint id
+
+    def checkpoint(self, ids):
+        return [self.to_checkpoint[i] for i in ids]
+
+    def ours(self, ids):
+        return [self.to_ours[i] for i in ids]
+
+
+def id_maps(name, workdir):
+    _, _, source_tokenizer, target_tokenizer = load_trained(workdir)
+    directory = FIXTURES / name
+    source_table = json.loads((directory / "vocab.json").read_text(encoding="utf-8"))
+    target_file = directory / "target_vocab.json"
+    target_table = (json.loads(target_file.read_text(encoding="utf-8"))
+                    if target_file.is_file() else source_table)  # fmt: skip
+    config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    return IdMap(source_tokenizer, source_table, config), IdMap(
+        target_tokenizer, target_table, config
+    )
+
+
+def requests(name, workdir):
+    """The fixture's sources as the toolkit's runtimes take them (tagged where multi-target)."""
+    from pipeline.decoding.translation import Translator
+
+    case = expected(name)
+    translator = Translator.from_trained(load_trained(workdir))
+    return translator.requests(case["sentences"], case.get("target_languages"))
+
+
+def source_batch(name, workdir):
+    _, _, source_tokenizer, _ = load_trained(workdir)
+    ragged = source_tokenizer.tokenize(tf.constant(requests(name, workdir)))
+    return ragged.to_list(), ragged.to_tensor(0)
+
+
+def outputs(ids, lengths):
+    """Each row's first hypothesis, </s> included, as a list."""
+    return [
+        row[0, : length[0]].tolist() for row, length in zip(np.asarray(ids), np.asarray(lengths))
+    ]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_sources_and_targets_tokenize_as_marian_tokenizer_does(imported, name):
+    case = expected(name)
+    source_map, target_map = id_maps(name, imported[name])
+    pieces, _ = source_batch(name, imported[name])
+    eos = source_map.to_checkpoint[3]
+    assert [source_map.checkpoint(ids) + [eos] for ids in pieces] == case["source_ids"]
+    _, _, _, target_tokenizer = load_trained(imported[name])
+    targets = target_tokenizer.tokenize(tf.constant(case["target_texts"])).to_list()
+    assert [target_map.checkpoint(ids) + [eos] for ids in targets] == case["target_ids"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_logits_for_forced_targets_match_transformers(imported, name):
+    _, model, _, _ = load_trained(imported[name])
+    source_map, target_map = id_maps(name, imported[name])
+    _, sources = source_batch(name, imported[name])
+    columns = [target_map.to_ours[j] for j in range(len(target_map.to_ours))]
+    for forced in expected(name)["forced"]:
+        index = forced["sentence_index"]
+        source = sources[index : index + 1]
+        target = tf.constant([target_map.ours(forced["decoder_input_ids"])])
+        logits = model.forward({"source_ids": source, "target_input_ids": target})[0].numpy()[0]
+        theirs = np.array(forced["logits"], np.float32)
+        np.testing.assert_allclose(logits[:, columns], theirs, atol=LOGIT_TOLERANCE, rtol=0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_greedy_and_beam_search_give_generates_ids(imported, name):
+    """The whole fixture in one batch gives what `generate()` gave each sentence alone."""
+    case = expected(name)
+    config, model, _, _ = load_trained(imported[name])
+    _, target_map = id_maps(name, imported[name])
+    _, sources = source_batch(name, imported[name])
+    for key, overrides in (("greedy_ids", {"beam_size": 1}), ("beam_ids", {})):
+        options = SearchOptions.from_config(config["decode"], **overrides)
+        ids, lengths, scores, _ = search(model, sources, options)
+        assert [target_map.checkpoint(o) for o in outputs(ids, lengths)] == case[key], key
+    np.testing.assert_allclose(scores.numpy()[:, 0], case["beam_scores"], atol=1e-4)
+    # transformers' max_length counts the start token; ours counts the tokens output.
+    options = SearchOptions.from_config(config["decode"], max_length=case["beam_short_length"] - 1)
+    rows = sources[: len(case["beam_short"])]
+    ids, lengths, _, _ = search(model, rows, options)
+    assert [target_map.checkpoint(o) for o in outputs(ids, lengths)] == case["beam_short"]
+
+
+def test_the_import_writes_a_work_directory_of_the_checkpoints_settings(imported):
+    config, model, source_tokenizer, target_tokenizer = load_trained(imported["unequal_gelu"])
+    checkpoint = json.loads((FIXTURES / "unequal_gelu" / "config.json").read_text())
+    settings = config["model"]
+    assert (settings["encoder_layers"], settings["decoder_layers"]) == (
+        checkpoint["encoder_layers"], checkpoint["decoder_layers"])  # fmt: skip
+    assert (settings["num_heads"], settings["decoder_num_heads"]) == (
+        checkpoint["encoder_attention_heads"], checkpoint["decoder_attention_heads"])  # fmt: skip
+    assert (settings["activation"], settings["positions"], settings["normalize_first"]) == (
+        "gelu", "sinusoidal_halves", False)  # fmt: skip
+    generation = json.loads((FIXTURES / "unequal_gelu" / "generation_config.json").read_text())
+    decode = config["decode"]
+    assert decode["beam_size"] == generation["num_beams"]
+    assert decode["max_length_cap"] == generation["max_length"] - 1
+    assert (decode["beam_stopping"], decode["force_eos_at_limit"]) == ("no_improvement", True)
+    # Every id the model never outputs is suppressed: the padding, the start token.
+    assert {0, 2} <= set(settings["suppressed_ids"])
+
+
+def test_a_multi_target_model_takes_the_target_language_by_its_code(imported):
+    config, _, _, _ = load_trained(imported["multi_target"])
+    assert config["data"]["language_tags"] == {"deu": ">>deu<<", "fra": ">>fra<<"}
+    with pytest.raises(ValueError, match="unknown language 'xyz'; this model translates into "
+                       "deu, fra"):  # fmt: skip
+        requests_for(imported["multi_target"], ["Ein Hund."], "xyz")
+
+
+def requests_for(workdir, sentences, language):
+    from pipeline.decoding.translation import Translator
+
+    return Translator.from_trained(load_trained(workdir)).requests(sentences, language)
+
+
+@pytest.fixture(scope="module")
+def exported(imported, tmp_path_factory):
+    """Two imports exported to every format: the transformers 4 layout (shared, tied) and a
+    multi-target model."""
+    from export.exporter import export_model
+
+    out = tmp_path_factory.mktemp("exported")
+    for name in ("shared_tied_swish", "multi_target"):
+        export_model(imported[name], out / name, formats=("saved_model", "onnx", "ctranslate2"),
+                     log=lambda _: None)  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("name", ("shared_tied_swish", "multi_target"))
+def test_onnx_runtime_gives_generates_ids(imported, exported, name):
+    from export.runtime import OnnxTranslator
+
+    case = expected(name)
+    _, target_map = id_maps(name, imported[name])
+    translator = OnnxTranslator(exported / name)
+    sources = translator.encode(
+        translator.requests(case["sentences"], case.get("target_languages"))
+    )
+    hypotheses = translator.translate_ids(sources, None, None, n_best=1)
+    assert [target_map.checkpoint(h[0][0]) for h in hypotheses] == [
+        ids[:-1] for ids in case["beam_ids"]]  # fmt: skip
+
+
+def test_saved_model_gives_generates_translations_in_the_session_loader(exported):
+    case = expected("multi_target")
+    saved_model = exported / "multi_target" / "saved_model" / "translator" / "1"
+    output = run_python(
+        "import json, sys\n"
+        "import tensorflow as tf, tensorflow_text\n"
+        "tf.compat.v1.disable_eager_execution()\n"
+        "with tf.compat.v1.Session(graph=tf.Graph()) as session:\n"
+        "    meta = tf.compat.v1.saved_model.loader.load(session, ['serve'], sys.argv[1])\n"
+        "    signature = meta.signature_def['serving_default']\n"
+        "    feed = {signature.inputs['sentences'].name: json.loads(sys.argv[2]),\n"
+        "            signature.inputs['target_language'].name: json.loads(sys.argv[3])}\n"
+        "    texts = session.run(signature.outputs['translations'].name, feed)\n"
+        "print(json.dumps([t.decode() for t in texts]))\n",
+        saved_model, json.dumps(case["sentences"]), json.dumps(case["target_languages"]),
+    )  # fmt: skip
+    assert json.loads(output) == case["beam_texts"]
+
+
+def test_ctranslate2_greedy_search_gives_generates_ids(imported, exported):
+    import ctranslate2
+    import sentencepiece
+
+    name = "shared_tied_swish"
+    case = expected(name)
+    _, target_map = id_maps(name, imported[name])
+    directory = exported / name / "ctranslate2"
+    translator = ctranslate2.Translator(str(directory))
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(directory / "source.model"))
+    results = translator.translate_batch(
+        processor.encode(case["sentences"], out_type=str), beam_size=1, max_decoding_length=63,
+        min_decoding_length=0, return_end_token=True,
+    )  # fmt: skip
+    target = sentencepiece.SentencePieceProcessor(model_file=str(directory / "target.model"))
+    ids = [[target.piece_to_id(piece) for piece in r.hypotheses[0]] for r in results]
+    assert [target_map.checkpoint(i) for i in ids] == case["greedy_ids"]
+
+
+# Bad checkpoints: one line, exit status 2, and no work directory left.
+
+
+def broken_copy(tmp_path, change):
+    copy = tmp_path / "checkpoint"
+    shutil.copytree(FIXTURES / "shared_tied_swish", copy)
+    change(copy)
+    return copy
+
+
+def edit_config(**values):
+    def change(directory):
+        path = directory / "config.json"
+        config = json.loads(path.read_text())
+        config.update(values)
+        path.write_text(json.dumps(config))
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda d: (d / "source.spm").unlink(), r"source.spm: missing"),
+        (lambda d: (d / "vocab.json").unlink(), r"vocab.json: missing"),
+        (edit_config(model_type="bart"), r"model_type 'bart' is not supported"),
+        (edit_config(normalize_before=True), r"normalize_before: True is not supported"),
+        (edit_config(activation_function="gelu_new"), r"activation_function 'gelu_new'"),
+        (edit_config(d_model=48), r"has shape .* the configuration gives"),
+        (
+            lambda d: (d / "model.safetensors").write_bytes(b"\x00" * 64),
+            r"model.safetensors: "
+            r"not a readable safetensors file",
+        ),
+        (
+            lambda d: (d / "model.safetensors").rename(d / "pytorch_model.bin"),
+            r"pytorch_model.bin: .*needs torch to read: pip install torch",
+        ),
+        (lambda d: (d / "config.json").write_text("{"), r"config.json: not readable JSON"),
+    ],  # fmt: skip
+)
+def test_a_bad_checkpoint_is_one_line_and_leaves_nothing(tmp_path, change, message):
+    source = broken_copy(tmp_path, change)
+    workdir = tmp_path / "imported"
+    if "torch" in message and _importable("torch"):
+        pytest.skip("torch is installed here")
+    with pytest.raises(UserError, match=message):
+        import_checkpoint(source, workdir, log=lambda _: None)
+    assert not workdir.exists()
+
+
+def _importable(module):
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def test_the_command_reports_one_line_and_exit_status_2(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline.import_model", str(tmp_path / "nowhere"),
+         "--workdir", str(tmp_path / "w")],
+        capture_output=True, text=True, cwd=PROJECT_ROOT,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'nowhere'}: no such directory"
+    ]
+    assert not (tmp_path / "w").exists()
+
+
+def test_an_existing_work_directory_is_refused(imported):
+    with pytest.raises(UserError, match="already holds a model"):
+        import_checkpoint(FIXTURES / "unequal_gelu", imported["unequal_gelu"], log=lambda _: None)
+
+
+def test_fine_tuning_an_import_keeps_its_model_vocabularies_and_search(imported, tmp_path):
+    """A config that names only data and a schedule fine-tunes the imported model."""
+    from pipeline.train import main as train
+
+    data = PROJECT_ROOT / "data" / "multi30k"
+    config = tmp_path / "domain.yaml"
+    config.write_text(
+        f"data:\n  train_source: {data / 'val.de.gz'}\n  train_target: {data / 'val.en.gz'}\n"
+        "  max_source_length: 40\n  max_target_length: 40\n"
+        "train:\n  precision: float32\n  epochs: 1\n  steps_per_epoch: 2\n  batch_size: 16\n"
+        "  bleu_every_epochs: 0\n  attention_images: 0\n"
+    )  # fmt: skip
+    workdir = tmp_path / "fine_tuned"
+    train(["--config", str(config), "--workdir", str(workdir),
+           "--init-from", str(imported["shared_tied_swish"])])  # fmt: skip
+    tuned, model, source_tokenizer, _ = load_trained(workdir)
+    original, original_model, original_source, _ = load_trained(imported["shared_tied_swish"])
+    assert tuned["model"] == original["model"] and tuned["decode"] == original["decode"]
+    assert source_tokenizer.model_proto == original_source.model_proto
+    moved = [not np.array_equal(a, b) for a, b in
+             zip(model.get_weights(), original_model.get_weights())]  # fmt: skip
+    assert any(moved)
