@@ -18,8 +18,8 @@ from layers.scheduled_sampling import SamplingSchedule
 from layers.self_attention_encoder import SelfAttentionEncoder
 from layers.sixteen_bit_dropout import SixteenBitDropout
 from layers.source_attention import SourceAttention
-from layers.state_bridge import StateBridge
 from layers.split_sine_positions import SplitSinePositions
+from layers.state_bridge import StateBridge
 from layers.transformer import Transformer
 from layers.transformer_decoder_layer import TransformerDecoderLayer
 from layers.transformer_encoder_layer import TransformerEncoderLayer
