@@ -38,7 +38,8 @@ def test_no_package_imports_one_downstream_of_it(package, forbidden):
 
 
 # `python -m pipeline.X`
-COMMANDS = {"train", "translate", "evaluate", "score", "average", "distill", "backtranslate"}
+COMMANDS = {"train", "translate", "evaluate", "score", "average", "distill", "backtranslate",
+            "import_model"}  # fmt: skip
 CORE, DATA, MODELS, DECODING = "core", "data", "model_types", "decoding"
 # What each part of the project may import from `pipeline`: itself and what is upstream.
 UPSTREAM = {
@@ -49,6 +50,7 @@ UPSTREAM = {
     "pipeline.config": {CORE, MODELS, DECODING},
     "pipeline.workdir": {CORE, DATA, MODELS, "config"},
     "pipeline.training": {CORE, DATA, MODELS, DECODING, "config", "workdir", "training"},
+    "pipeline.pretrained": {CORE, DATA, MODELS, "config", "workdir", "pretrained"},
     "export": {CORE, DATA, MODELS, DECODING, "config", "workdir"},
 }
 
