@@ -144,6 +144,10 @@ class Transformer(EncoderDecoderModel):
         self.source_positions = self._position_layer("source_positions")
         self.target_positions = self._position_layer("target_positions")
         self.dropout = SixteenBitDropout(self.dropout_rate)
+        self._create_stacks()
+
+    def _create_stacks(self):
+        """The encoder and decoder layers, and a pre-norm stack's final normalisations."""
         self.encoder_layers = [
             TransformerEncoderLayer(
                 self.intermediate_dim,

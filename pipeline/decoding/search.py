@@ -754,8 +754,8 @@ def beam_search(
         target_prefix: int32 `[batch, len]`, right-padded, or None: each output starts with
             its row's tokens (scored as the model scores them); a limit too short for its
             prefix is raised to hold it and </s>.
-        stopping: when a source is done besides its limit (see `_is_done`).
-        force_eos: a hypothesis that reaches its limit ends with </s>, at log-probability 0.
+        stopping, force_eos: when a source is done before its limit (`_is_done`); </s> ends
+            a hypothesis at its limit, at log-probability 0.
 
     Returns (`width` is the largest limit):
         ids: int32 `[batch, n_best, width]`, best first; lengths: int32 `[batch, n_best]`
@@ -765,10 +765,8 @@ def beam_search(
     source_ids = tf.convert_to_tensor(source_ids, tf.int32)
     beam_size = tf.convert_to_tensor(beam_size, tf.int32)
     n_best = tf.minimum(tf.convert_to_tensor(n_best, tf.int32), beam_size)
-    ranking = Ranking(
-        tf.convert_to_tensor(alpha, tf.float32), penalty, tf.convert_to_tensor(beta, tf.float32),
-        stopping,
-    )  # fmt: skip
+    alpha, beta = (tf.convert_to_tensor(x, tf.float32) for x in (alpha, beta))
+    ranking = Ranking(alpha, penalty, beta, stopping)
     batch, src_len = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
     limits, width, prefix = _limits_width_and_prefix(
         max_lengths, batch, target_prefix, model.pad_id
@@ -803,9 +801,7 @@ def beam_search(
         )
     )
     state, sources, results = tf.while_loop(
-        lambda state, sources, results: tf.logical_not(
-            tf.reduce_all(_is_done(state, sources, ranking))
-        ),
+        lambda state, sources, _: tf.logical_not(tf.reduce_all(_is_done(state, sources, ranking))),
         decode_until_one_is_done,
         (state, sources, results),
         shape_invariants=(state_shapes, source_shapes, result_shapes),
