@@ -54,6 +54,43 @@ def _environment_variable(name, value):
             os.environ[name] = previous
 
 
+@contextlib.contextmanager
+def _reshape_pairs_merged_only_without_copied_dims():
+    """tf2onnx's back-to-back pass turns Reshape(Reshape(x, a), b) into Reshape(x, b), which
+    is wrong where b holds 0s ("this dimension of the input"): the input is no longer the
+    one they name. Such a pair (a Tensordot's reshapes around its MatMul, once grappler has
+    folded away a bias of zeros between them, as in a freshly initialised model) stays."""
+    from tf2onnx.optimizer import back_to_back_optimizer
+
+    handlers = back_to_back_optimizer._func_map
+    merge = handlers[("Reshape",)]
+
+    def merge_safely(graph, node, consumers):
+        if len(consumers) == 1 and consumers[0].type == "Reshape":
+            shape = consumers[0].inputs[1]
+            if not shape.is_const() or 0 in shape.get_tensor_value(as_list=True):
+                return []
+        return merge(graph, node, consumers)
+
+    handlers[("Reshape",)] = merge_safely
+    try:
+        yield
+    finally:
+        handlers[("Reshape",)] = merge
+
+
+def _erfc_as_one_minus_erf(graph, node, name, args):
+    """ONNX has Erf but no Erfc, which TensorFlow's exact GELU uses: 1 - erf(x)."""
+    from tf2onnx import utils
+
+    node.type = "Erf"
+    dtype = utils.map_onnx_to_numpy_type(graph.get_dtype(node.input[0]))
+    one = graph.make_const(utils.make_name(f"{node.name}_one"), np.array(1, dtype))
+    output = node.output[0]
+    complement = graph.insert_new_node_on_output("Sub", output, name=utils.make_name(node.name))
+    graph.replace_inputs(complement, [one.output[0], output])
+
+
 def convert_to_onnx(function, opset):
     """tf2onnx's conversion of a `tf.function` with an input signature. By default tf2onnx
     runs each of its optimiser passes on a deep copy of the graph, to fall back on if the pass
@@ -64,12 +101,14 @@ def convert_to_onnx(function, opset):
         function,
         input_signature=function.input_signature,
         opset=opset,
+        custom_op_handlers={"Erfc": (_erfc_as_one_minus_erf, ())},
     )
-    try:
-        with _environment_variable(tf2onnx.constants.ENV_TF2ONNX_CATCH_ERRORS, "false"):
+    with _reshape_pairs_merged_only_without_copied_dims():
+        try:
+            with _environment_variable(tf2onnx.constants.ENV_TF2ONNX_CATCH_ERRORS, "false"):
+                return convert()[0]
+        except Exception:  # a pass failed: tf2onnx skips it when it works on copies
             return convert()[0]
-    except Exception:  # a pass failed: tf2onnx skips it when it works on copies
-        return convert()[0]
 
 
 def write_onnx(graph, directory, vocabulary_paths, opset, int8=True, languages=None,
