@@ -1,6 +1,8 @@
 """A pretrained checkpoint in the Hugging Face layout, read without torch where its files allow:
 its JSON files, its SentencePiece models, and its weights as NumPy arrays. No TensorFlow here."""
 
+import collections.abc
+import contextlib
 import json
 import re
 from pathlib import Path
@@ -55,15 +57,13 @@ class Checkpoint:
 
     def weights(self):
         """{name: float32 array} of every tensor of the checkpoint: model.safetensors (or its
-        shards) through safetensors' NumPy API; else pytorch_model.bin through torch."""
+        shards) through safetensors' NumPy API, each tensor read when asked for
+        (`SafetensorsWeights`); else pytorch_model.bin through torch."""
         if (self.directory / SAFETENSORS_INDEX).is_file():
             shards = sorted(set(self.json(SAFETENSORS_INDEX).get("weight_map", {}).values()))
-            arrays = {}
-            for shard in shards:
-                arrays.update(_read_safetensors(self.path(shard)))
-            return arrays
+            return SafetensorsWeights([self.path(shard) for shard in shards])
         if (self.directory / SAFETENSORS_FILE).is_file():
-            return _read_safetensors(self.directory / SAFETENSORS_FILE)
+            return SafetensorsWeights([self.directory / SAFETENSORS_FILE])
         if (self.directory / TORCH_FILE).is_file():
             return _read_torch(self.directory / TORCH_FILE)
         raise UnusableFileError(
@@ -71,13 +71,40 @@ class Checkpoint:
         )
 
 
-def _read_safetensors(path):
+class SafetensorsWeights(collections.abc.Mapping):
+    """{name: float32 array} of safetensors files, each tensor read from its file (memory
+    mapped) only when asked for, so that an import holds one tensor at a time rather than the
+    whole checkpoint; the files' headers are read (and checked) at once."""
+
+    def __init__(self, paths):
+        self._files = {}
+        for path in paths:
+            with _opened(path) as tensors:
+                self._files.update(dict.fromkeys(tensors.keys(), path))
+
+    def __getitem__(self, name):
+        path = self._files[name]
+        with _opened(path) as tensors:
+            return _float32(tensors.get_tensor(name), path, name)
+
+    def __contains__(self, name):  # without reading the tensor, as Mapping's would
+        return name in self._files
+
+    def __iter__(self):
+        return iter(self._files)
+
+    def __len__(self):
+        return len(self._files)
+
+
+@contextlib.contextmanager
+def _opened(path):
+    """safe_open(path) as NumPy; a damaged file is an `UnusableFileError` naming it."""
     from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(path), framework="np") as tensors:
-            return {name: _float32(tensors.get_tensor(name), path, name)
-                    for name in tensors.keys()}  # fmt: skip
+            yield tensors
     except (SafetensorError, OSError, ValueError) as error:
         raise UnusableFileError(
             path, f"not a readable safetensors file ({first_line(error)})"

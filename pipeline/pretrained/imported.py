@@ -14,7 +14,8 @@ class Imported:
     suppressed_ids: list  # target ids never output (`model.suppressed_ids`)
     source_model: bytes  # the source SentencePiece model, ids = model ids
     target_model: bytes
-    weights: dict  # {Keras weight path below the model: (array, checkpoint name)}
+    # {Keras weight path below the model: (a function reading its array, checkpoint name)}
+    weights: dict
     search: dict  # the `decode` keys of the checkpoint's own search, and "renormalized"
     languages: dict  # {"source": code, "target": code, "tags": {code: token}}
     unproducible: list  # source tokens no segmentation gives (said at import)
@@ -64,24 +65,26 @@ def work_config(imported):
 
 
 def set_weights(model, weights):
-    """Assigns `weights` to the Keras `model`'s variables by path; a shape that disagrees
-    with the configuration is a `UserError` naming the checkpoint's weight."""
-    placed = set()
-    for variable in model.variables:
-        path = variable.path.split("/", 1)[-1]
-        if "seed_generator" in path:
-            continue
+    """Assigns `weights` to the Keras `model`'s variables by path, reading each array as it
+    assigns it and dropping it after; a shape that disagrees with the configuration is a
+    `UserError` naming the checkpoint's weight."""
+    paths = [v.path.split("/", 1)[-1] for v in model.variables]
+    missing = [p for p in paths if p not in weights and "seed_generator" not in p]
+    if missing:
+        raise UserError(f"model weights: nothing in the checkpoint for {missing[0]}")
+    left = sorted(set(weights) - set(paths))
+    if left:
+        raise UserError(f"model weights: {weights[left[0]][1]} has no place in the model")
+    for variable, path in zip(model.variables, paths):
         if path not in weights:
-            raise UserError(f"model weights: nothing in the checkpoint for {path}")
-        array, name = weights[path]
+            continue
+        read, name = weights[path]
+        array = read()
         if tuple(array.shape) != tuple(variable.shape):
             raise UserError(f"model weights: {name} has shape {list(array.shape)}; the "
                             f"configuration gives {list(variable.shape)}")  # fmt: skip
         variable.assign(array)
-        placed.add(path)
-    left = sorted(set(weights) - placed)
-    if left:
-        raise UserError(f"model weights: {weights[left[0]][1]} has no place in the model")
+        del array
 
 
 def write_work_directory(imported, workdir, log=print):

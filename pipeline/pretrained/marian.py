@@ -174,7 +174,7 @@ def convert(checkpoint):
     # segmenting ">>fra<< text" must give for the tag's id to come first and alone.
     spellings = {token: "\u2581" + token for token in language_tags.values()}
     weights = checkpoint.weights()
-    arrays = _arrays(weights, settings, source_space, target_space, config)
+    arrays = _arrays(weights, settings, source_space, target_space)
     generation = checkpoint.json("generation_config.json", required=False)
     return Imported(
         family=MODEL_TYPE,
@@ -231,28 +231,37 @@ def search_settings(config, generation):
     }
 
 
-def _arrays(weights, settings, source_space, target_space, config):
-    """{Keras weight path below the model: (array, the checkpoint name it comes from)} for
-    every weight of the Keras model."""
-    found = _find(weights, SOURCE_EMBEDDING, "the source embedding")
-    source_embedding = _gather(source_space, weights, found)
+def _arrays(weights, settings, source_space, target_space):
+    """{Keras weight path below the model: (a function reading its array, the checkpoint name
+    it comes from)} for every weight of the Keras model: `imported.set_weights` reads each
+    when it assigns it, so that the import holds one checkpoint tensor at a time."""
     found = _find(weights, TARGET_EMBEDDING, "the target embedding")
-    target_embedding = _gather(target_space, weights, found)
-    arrays = {"target_embedding/embeddings": (target_embedding, found)}
+    arrays = {"target_embedding/embeddings": (lambda: _gather(target_space, weights, found),
+                                              found)}  # fmt: skip
     if not settings["share_embeddings"]:
-        arrays["source_embedding/embeddings"] = (source_embedding, found)
+        source = _find(weights, SOURCE_EMBEDDING, "the source embedding")
+        arrays["source_embedding/embeddings"] = (
+            lambda: _gather(source_space, weights, source), source)  # fmt: skip
     if not settings["tie_embeddings"]:
-        found = _find(weights, OUTPUT_EMBEDDING, "the output layer (untied)")
+        output = _find(weights, OUTPUT_EMBEDDING, "the output layer (untied)")
         arrays["target_embedding/reverse_embeddings"] = (
-            _gather(target_space, weights, found).T,
-            found,
-        )
-    rows = max(target_space.rows.max() + 1, 1)
-    bias = weights.get("final_logits_bias", np.zeros((1, rows), np.float32))
-    arrays["output_bias"] = (target_space.gather(bias.reshape(-1)), "final_logits_bias")
+            lambda: _gather(target_space, weights, output).T, output)  # fmt: skip
+
+    def output_bias():
+        rows = max(target_space.rows.max() + 1, 1)
+        bias = weights["final_logits_bias"] if "final_logits_bias" in weights else np.zeros(
+            (1, rows), np.float32)  # fmt: skip
+        return target_space.gather(bias.reshape(-1))
+
+    arrays["output_bias"] = (output_bias, "final_logits_bias")
     rules = weight_rules(settings, ENCODER_LAYER, DECODER_LAYER)
     for keras_path, (name, layout, heads) in rules.items():
-        arrays[keras_path] = (_laid_out(weights, name, layout, heads), name)
+        if name not in weights:
+            raise UserError(f"model weights: {name} is missing")
+        arrays[keras_path] = (
+            lambda name=name, layout=layout, heads=heads: _laid_out(weights[name], layout, heads),
+            name,
+        )  # fmt: skip
     used = set(parameter_names(rules)) | {"final_logits_bias", *SOURCE_EMBEDDING,
                                           *TARGET_EMBEDDING, *OUTPUT_EMBEDDING}  # fmt: skip
     unknown = sorted(n for n in weights if n not in used and not IGNORED.fullmatch(n))
@@ -279,10 +288,7 @@ def _find(weights, names, what):
     raise UserError(f"model weights: no {what} ({' or '.join(names)})")
 
 
-def _laid_out(weights, name, layout, heads):
-    if name not in weights:
-        raise UserError(f"model weights: {name} is missing")
-    array = weights[name]
+def _laid_out(array, layout, heads):
     if layout == "plain":
         return array
     if layout == "transposed":
