@@ -1,43 +1,65 @@
 """Sinusoidal positions with the sines in the first half of the features and the cosines in
-the second, as Marian (Junczys-Dowmunt et al., 2018) lays them out."""
+the second, as Marian (Junczys-Dowmunt et al., 2018) and fairseq (Ott et al., 2019; the
+M2M100 and NLLB models) lay them out."""
 
 import keras
 import numpy as np
 from keras import ops
 
+# layout: (the divisor d of the frequencies w_j = max_wavelength ** (-j / d) over the dim / 2
+# sines, as a function of dim; the position of a sequence's first token; the precision the
+# table is computed in, as the checkpoints' own code computes it).
+LAYOUTS = {
+    "marian": (lambda dim: dim / 2, 0, np.float64),
+    # fairseq's SinusoidalPositionalEmbedding: positions count from padding_idx + 1 = 2.
+    "fairseq": (lambda dim: dim / 2 - 1, 2, np.float32),
+}
 
-def split_sine_table(max_positions, dim, max_wavelength=10000.0):
-    """float32 `[max_positions, dim]`: row p holds sin(p * w_j) for every frequency w_j, then
-    cos(p * w_j), where w_j = max_wavelength ** (-2j / dim): the frequencies of Vaswani et al.
-    (2017), computed in float64 and rounded once, as Marian's checkpoints' tables are."""
-    positions = np.arange(max_positions, dtype=np.float64)[:, None]
-    frequencies = max_wavelength ** (-2.0 * np.arange((dim + 1) // 2, dtype=np.float64) / dim)
-    angles = positions * frequencies[None, :]
-    return np.concatenate([np.sin(angles), np.cos(angles)], axis=1)[:, :dim].astype(np.float32)
+
+def split_sine_table(positions, dim, layout="marian", max_wavelength=10000.0):
+    """float32 `[positions, dim]`: row p holds sin(p * w_j) for every frequency w_j, then
+    cos(p * w_j) (an odd dim's last feature: 0), with the frequencies and precision of
+    `layout`."""
+    divisor, _, dtype = LAYOUTS[layout]
+    rate = dtype(np.log(max_wavelength) / divisor(dim))
+    frequencies = np.exp(np.arange(dim // 2).astype(dtype) * -rate)
+    angles = np.arange(positions).astype(dtype)[:, None] * frequencies[None, :]
+    table = np.zeros((positions, dim), dtype)
+    table[:, : dim // 2] = np.sin(angles)
+    table[:, dim // 2 : 2 * (dim // 2)] = np.cos(angles)
+    return table.astype(np.float32)
 
 
 @keras.saving.register_keras_serializable(package="seq2seq")
 class SplitSinePositions(keras.layers.Layer):
-    """A fixed (untrained) table of sinusoidal position encodings in Marian's layout: the same
-    values as keras-hub's `SinePositionEncoding`, whose sines and cosines interleave, with the
-    features permuted. Positions count from `start_index` (0 for a whole sequence, the step
-    for incremental decoding).
+    """A fixed (untrained) table of sinusoidal position encodings, sines first. "marian": the
+    values of keras-hub's `SinePositionEncoding`, whose sines and cosines interleave, with the
+    features permuted, positions from 0; "fairseq": other frequencies, positions from 2.
+    Positions count on from `start_index` (0 for a whole sequence, the step for incremental
+    decoding).
 
-    `[batch, length, dim]` -> the encodings of positions start_index ... start_index + length
-    - 1, broadcast to `[batch, length, dim]`. The inputs give only the shape.
+    `[batch, length, dim]` -> the encodings of the sequence's positions start_index ...
+    start_index + length - 1, broadcast to `[batch, length, dim]`. The inputs give only the
+    shape.
 
     Args:
         max_positions: the longest sequence covered; a position beyond it is an error of the
             caller (the configuration checks the length limits against it).
+        layout: "marian" or "fairseq" (`LAYOUTS`).
     """
 
-    def __init__(self, max_positions, **kwargs):
+    def __init__(self, max_positions, layout="marian", **kwargs):
         super().__init__(**kwargs)
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {tuple(LAYOUTS)}, got {layout!r}")
         self.max_positions = int(max_positions)
+        self.layout = layout
         self.table = None
 
     def build(self, inputs_shape):
-        self.table = split_sine_table(self.max_positions, inputs_shape[-1])
+        first = LAYOUTS[self.layout][1]
+        self.table = split_sine_table(first + self.max_positions, inputs_shape[-1],
+                                      self.layout)[first:]  # fmt: skip
 
     def call(self, inputs, start_index=0):
         shape = ops.shape(inputs)
@@ -50,5 +72,5 @@ class SplitSinePositions(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(max_positions=self.max_positions)
+        config.update(max_positions=self.max_positions, layout=self.layout)
         return config

@@ -15,7 +15,9 @@ from layers.split_sine_positions import SplitSinePositions
 from layers.transformer_decoder_layer import TransformerDecoderLayer
 from layers.transformer_encoder_layer import TransformerEncoderLayer
 
-POSITIONS = ("sinusoidal", "learned", "sinusoidal_halves")
+# positions -> the `SplitSinePositions` layout of the fixed tables with the sines first.
+SPLIT_SINE_LAYOUTS = {"sinusoidal_halves": "marian", "sinusoidal_fairseq": "fairseq"}
+POSITIONS = ("sinusoidal", "learned", *SPLIT_SINE_LAYOUTS)
 NEVER = -1e9  # the logit of a suppressed token: finite, so that sums of scores stay numbers
 
 
@@ -46,9 +48,10 @@ class Transformer(EncoderDecoderModel):
         attention_dropout: rate on the self-attention weights (None: `dropout`).
         ffn_dropout: rate on the decoder's feed-forward hidden activations (None:
             `dropout`; keras-hub's encoder layers drop none there).
-        positions: "sinusoidal" (keras-hub's interleaved sines and cosines), "learned", or
-            "sinusoidal_halves" (the same sinusoids, sines first: `SplitSinePositions`).
-        max_positions: the longest sequence learned or "sinusoidal_halves" positions cover.
+        positions: "sinusoidal" (keras-hub's interleaved sines and cosines), "learned",
+            "sinusoidal_halves" (the same sinusoids, sines first, as Marian's) or
+            "sinusoidal_fairseq" (fairseq's and M2M100's: `SplitSinePositions`).
+        max_positions: the longest sequence positions other than "sinusoidal" cover.
         tie_embeddings: the output projection is the transposed target embedding
             (keras-hub's `ReversibleEmbedding`).
         normalize_first: pre-norm layers (with a final normalisation of each stack).
@@ -182,8 +185,9 @@ class Transformer(EncoderDecoderModel):
     def _position_layer(self, name):
         if self.positions == "sinusoidal":
             return keras_hub.layers.SinePositionEncoding(name=name)
-        if self.positions == "sinusoidal_halves":
-            return SplitSinePositions(self.max_positions, name=name)
+        if self.positions in SPLIT_SINE_LAYOUTS:
+            layout = SPLIT_SINE_LAYOUTS[self.positions]
+            return SplitSinePositions(self.max_positions, layout=layout, name=name)
         return keras_hub.layers.PositionEmbedding(self.max_positions, name=name)
 
     def build(self, input_shape):

@@ -418,7 +418,7 @@ CASES = [
     ),
     LayerCase(
         "split_sine_positions",
-        lambda: layers.SplitSinePositions(max_positions=6),
+        lambda: layers.SplitSinePositions(max_positions=6, layout="fairseq"),
         sequence_inputs,
         lambda layer, inputs: layer(inputs["x"]),
         # The encodings depend on positions alone: nothing at a padded position changes them.

@@ -5,17 +5,18 @@ from pipeline.core.fields import Field, positive_int, rate
 from pipeline.model_types.model_type import ModelType
 
 ACTIVATIONS = ("relu", "gelu", "silu")  # Keras' names; gelu is the exact (erf) one
+# layers.Transformer's POSITIONS, named here so that reading a config loads no Keras.
+POSITIONS = ("sinusoidal", "learned", "sinusoidal_halves", "sinusoidal_fairseq")
 
 KEYS = {
     "model_dim": positive_int(512, "size of the embeddings and of every layer's output"),
     "num_heads": positive_int(8, "heads of every attention layer (model_dim must divide by it)"),
     "ffn_dim": positive_int(2048, "hidden size of the position-wise feed-forward networks"),
     "positions": Field(str, "sinusoidal", "position encodings: fixed sinusoids, learned "
-                       "embeddings, or sinusoids with the sines first (Marian's layout)",
-                       choices=("sinusoidal", "learned", "sinusoidal_halves")),
-    "max_positions": positive_int(512, "learned and sinusoidal_halves positions: the longest "
-                                  "sequence they cover (at least the data and decode length "
-                                  "limits)"),
+                       "embeddings, or sinusoids with the sines first (Marian's, fairseq's)",
+                       choices=POSITIONS),
+    "max_positions": positive_int(512, "positions other than sinusoidal: the longest sequence "
+                                  "they cover (at least the data and decode length limits)"),
     "tie_embeddings": Field(bool, True, "the output projection is the transposed target "
                             "embedding"),
     "normalize_first": Field(bool, True, "pre-norm layers (each sublayer's input normalised, "
@@ -58,7 +59,7 @@ def check(config, where):
                for i in model["suppressed_ids"]):  # fmt: skip
         raise UserError(f"{where}: model.suppressed_ids must be a list of token ids, got "
                         f"{model['suppressed_ids']!r}")  # fmt: skip
-    if model["positions"] in ("learned", "sinusoidal_halves"):
+    if model["positions"] != "sinusoidal":
         source_eos = int(model["source_eos"])
         longest = max(
             config["data"]["max_source_length"] + source_eos,
