@@ -101,7 +101,14 @@ MULTI30K = PROJECT_ROOT.parent / "shared" / "data" / "multi30k"
 # torch first, alone: the CPU wheel (see bench/peer_toolkits.py's PEERS).
 VENV_PACKAGES = (
     ("torch==2.13.0",),
-    ("torch==2.13.0", "transformers==5.25.0", "sentencepiece", "safetensors", "protobuf"),
+    (
+        "torch==2.13.0",
+        "transformers==5.25.0",
+        "sentencepiece",
+        "safetensors",
+        "protobuf",
+        "ctranslate2==4.8.5",
+    ),
 )
 
 SEED = 1234
@@ -152,13 +159,9 @@ SIZE_LIMIT = 2 * 1024 * 1024
 # --- the venv ------------------------------------------------------------------------------
 
 
-def ensure_venv(venv):
-    """Makes `venv` (once; its `installed` file records VENV_PACKAGES) and runs this script
-    again in it, without --venv."""
+def make_venv(venv):
+    """Makes `venv` once (its `installed` file records VENV_PACKAGES): its python."""
     venv = Path(venv).resolve()
-    python = venv / "bin" / "python"
-    if Path(sys.prefix).resolve() == venv:
-        return
     marker, wanted = venv / "installed", json.dumps(VENV_PACKAGES)
     if not (marker.exists() and marker.read_text() == wanted):
         print(f"Installing {', '.join(VENV_PACKAGES[-1])} into {venv}", flush=True)
@@ -167,6 +170,14 @@ def ensure_venv(venv):
         for packages in VENV_PACKAGES:
             subprocess.run([str(venv / "bin" / "pip"), "install", "-q", *packages], check=True)
         marker.write_text(wanted)
+    return venv / "bin" / "python"
+
+
+def ensure_venv(venv, script=Path(__file__)):
+    """Runs `script` (this one) again in `venv` (made first if missing), without --venv."""
+    if Path(sys.prefix).resolve() == Path(venv).resolve():
+        return
+    python = make_venv(venv)
     arguments, skip = [], False
     for argument in sys.argv[1:]:
         if skip:
@@ -175,7 +186,7 @@ def ensure_venv(venv):
             skip = True
         elif not argument.startswith("--venv="):
             arguments.append(argument)
-    os.execv(str(python), [str(python), str(Path(__file__).resolve()), *arguments])
+    os.execv(str(python), [str(python), str(Path(script).resolve()), *arguments])
 
 
 # --- data ----------------------------------------------------------------------------------
@@ -234,12 +245,12 @@ def normalization_rule(path):
     return path
 
 
-def train_spm(lines, pieces, path, normalization, work):
+def train_spm(lines, pieces, path, normalization, work, model_type="unigram"):
     import sentencepiece as spm
 
     options = dict(
         sentence_iterator=iter(lines), model_prefix=str(work / path.stem), vocab_size=pieces,
-        model_type="unigram", unk_id=0, bos_id=1, eos_id=2, pad_id=-1, character_coverage=1.0,
+        model_type=model_type, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, character_coverage=1.0,
         num_threads=1, seed_sentencepiece_size=200_000, minloglevel=2,
     )  # fmt: skip
     if normalization == "nfkc_subset":
@@ -306,14 +317,19 @@ def set_seed(seed):
     torch.manual_seed(seed)
 
 
-def train(model, pairs, tokenizer, pad_id, settings, log):
-    """Adam on (source, target) text pairs, tokenised once by the tokenizer."""
+def encoded_pairs(tokenizer, pairs):
+    """(source ids, label ids) of (source, target) text pairs, as the tokenizer makes them."""
+    encoded = tokenizer([s for s, _ in pairs], text_target=[t for _, t in pairs])
+    return list(zip(encoded["input_ids"], encoded["labels"]))
+
+
+def train(model, pairs, pad_id, settings, log):
+    """Adam on (source ids, label ids) pairs."""
     import numpy as np
     import torch
 
-    encoded = tokenizer([s for s, _ in pairs], text_target=[t for _, t in pairs])
-    sources = [ids[: settings["max_tokens"]] for ids in encoded["input_ids"]]
-    labels = [ids[: settings["max_tokens"]] for ids in encoded["labels"]]
+    sources = [ids[: settings["max_tokens"]] for ids, _ in pairs]
+    labels = [ids[: settings["max_tokens"]] for _, ids in pairs]
     rng = np.random.default_rng(SEED)
     optimizer = torch.optim.Adam(model.parameters(), lr=settings["lr"], betas=(0.9, 0.98))
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -616,7 +632,7 @@ def make_fixture(name, spec, out, log):
         ]  # fmt: skip
     else:
         pairs = list(zip(train_sources, train_targets[targets[0]]))
-    train(model, pairs, tokenizer, pad, TRAINING, log)
+    train(model, encoded_pairs(tokenizer, pairs), pad, TRAINING, log)
     assert torch.equal(model.final_logits_bias, bias)
 
     model.generation_config = GenerationConfig(

@@ -226,6 +226,72 @@ def test_saved_model_gives_generates_translations_in_the_session_loader(exported
     assert json.loads(output) == case["beam_texts"]
 
 
+def test_a_model_whose_biases_are_zeros_translates_alike_through_onnx(imported, tmp_path):
+    """Freshly initialised checkpoints (transformers' Linear biases start at zero, and the
+    speed benchmarks use random weights) once lost their attention projections' shapes in
+    the ONNX conversion."""
+    from export.exporter import export_model
+    from export.runtime import OnnxTranslator
+    from pipeline.decoding.translation import Translator
+    from pipeline.workdir import MODEL_FILE
+
+    workdir = tmp_path / "zero_biases"
+    shutil.copytree(imported["unequal_gelu"], workdir)
+    trained = load_trained(workdir)
+    model = trained[1]
+    biases = [v for v in model.variables if v.path.endswith("/bias")]
+    assert biases
+    for variable in biases:
+        variable.assign(np.zeros(variable.shape, np.float32))
+    model.save(workdir / MODEL_FILE)
+    export_model(workdir, tmp_path / "export", formats=("onnx",), log=lambda _: None)
+    sentences = expected("unequal_gelu")["sentences"]
+    in_process = Translator.from_trained(load_trained(workdir)).translate(sentences)
+    assert OnnxTranslator(tmp_path / "export").translate(sentences) == in_process
+
+
+def by_language(case):
+    """{target language: the indices of the fixture's sentences translated into it}."""
+    groups = {}
+    for index, language in enumerate(case["target_languages"]):
+        groups.setdefault(language, []).append(index)
+    return groups
+
+
+def test_node_gives_generates_translations_into_the_language_asked(exported):
+    from helpers import node_example
+
+    node, example = node_example("node")
+    case = expected("multi_target")
+    for language, indices in by_language(case).items():
+        sentences = [case["sentences"][i] for i in indices]
+        result = subprocess.run(
+            [node, "translate.mjs", str(exported / "multi_target" / "onnx"), *sentences,
+             "--to", language],
+            cwd=example, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split("\n")[: len(indices)] == [case["beam_texts"][i] for i in indices]
+
+
+def test_the_page_gives_generates_translations_into_the_language_chosen(exported):
+    from test_web_example import browser_tools, drive, serving
+
+    node, chromium = browser_tools()
+    case = expected("multi_target")
+    groups = by_language(case)
+    with serving(node, exported / "multi_target" / "onnx") as address:
+        results = {
+            language: drive(node, chromium, address,
+                            [case["sentences"][i] for i in indices], "--to", language)
+            for language, indices in groups.items()
+        }  # fmt: skip
+    for language, indices in groups.items():
+        assert results[language].returncode == 0, results[language].stderr
+        shown = [s["translation"] for s in json.loads(results[language].stdout)]
+        assert shown == [case["beam_texts"][i] for i in indices]
+
+
 def test_ctranslate2_greedy_search_gives_generates_ids(imported, exported):
     import ctranslate2
     import sentencepiece
