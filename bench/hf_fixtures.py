@@ -7,10 +7,12 @@ them: the fixtures of the Marian importer's tests (`tests/fixtures/hf_marian/`).
 PyTorch and `transformers` never enter the project's environment: this script runs in a venv
 of its own, and imports nothing of the toolkit (nor TensorFlow). Make the venv with
 
-python3 -m venv V && V/bin/pip install torch==2.13.0 transformers sentencepiece safetensors protobuf
+    python3 -m venv V && V/bin/pip install torch==2.13.0 transformers sentencepiece \
+        safetensors protobuf ctranslate2
 
-(torch first, as `bench/peer_toolkits.py` installs it: the 2.13.0 CPU wheel; a plain `torch`
-is a CUDA build), or pass `--venv V`, which makes it so when `V/installed` is missing or
+(ctranslate2 for `bench/pretrained.py`'s converter; torch first, as `bench/peer_toolkits.py`
+installs it: the 2.13.0 CPU wheel; a plain `torch` is a CUDA build), or pass `--venv V`,
+which makes it so when `V/installed` is missing or
 records other packages (`VENV_PACKAGES`, transformers pinned to the version that made the
 committed fixtures), then runs this script again with `V/bin/python`. The committed fixtures
 were made with torch 2.13.0+cpu and transformers 5.25.0, without `sacremoses` (so

@@ -17,6 +17,8 @@ from pipeline.core.errors import UserError
 from pipeline.decoding.search import search
 from pipeline.decoding.search_options import SearchOptions
 from pipeline.import_model import import_checkpoint
+from pipeline.pretrained import vocabulary
+from pipeline.pretrained.checkpoint import Checkpoint
 from pipeline.workdir import load_trained
 
 FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "hf_marian"
@@ -30,11 +32,23 @@ def expected(name):
 
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory):
-    """{fixture name: its work directory}, each imported once."""
+    """{fixture name: its work directory}, each imported once, in blocks of a few rows so that
+    the fixtures' embedding tables span many, as a real checkpoint's do."""
     root = tmp_path_factory.mktemp("imported")
-    for name in NAMES:
-        import_checkpoint(FIXTURES / name, root / name, log=lambda _: None)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(vocabulary, "BLOCK_ROWS", 37)
+        for name in NAMES:
+            import_checkpoint(FIXTURES / name, root / name, log=lambda _: None)
     return {name: root / name for name in NAMES}
+
+
+def test_safetensors_rows_are_read_as_indexing_the_whole_tensor_would():
+    weights = Checkpoint(FIXTURES / "separate_untied_relu").weights()
+    name = "model.encoder.embed_tokens.weight"
+    table = weights[name]
+    rows = np.array([5, 3, 3, 0, len(table) - 1, 4, 6, 7, 20, 19])
+    assert weights.shape(name) == table.shape
+    np.testing.assert_array_equal(weights.rows(name, rows), table[rows])
 
 
 class IdMap:

@@ -56,9 +56,10 @@ class Checkpoint:
             raise UnusableFileError(self.directory / name, first_line(error)) from None
 
     def weights(self):
-        """{name: float32 array} of every tensor of the checkpoint: model.safetensors (or its
-        shards) through safetensors' NumPy API, each tensor read when asked for
-        (`SafetensorsWeights`); else pytorch_model.bin through torch."""
+        """{name: float32 array} of every tensor of the checkpoint, with `shape(name)` and
+        `rows(name, rows)`: model.safetensors (or its shards) through safetensors' NumPy API,
+        each tensor read when asked for (`SafetensorsWeights`); else pytorch_model.bin through
+        torch (`InMemoryWeights`)."""
         if (self.directory / SAFETENSORS_INDEX).is_file():
             shards = sorted(set(self.json(SAFETENSORS_INDEX).get("weight_map", {}).values()))
             return SafetensorsWeights([self.path(shard) for shard in shards])
@@ -71,10 +72,21 @@ class Checkpoint:
         )
 
 
+class InMemoryWeights(dict):
+    """{name: float32 array}, all read at once."""
+
+    def shape(self, name):
+        return self[name].shape
+
+    def rows(self, name, rows):
+        return self[name][rows]
+
+
 class SafetensorsWeights(collections.abc.Mapping):
     """{name: float32 array} of safetensors files, each tensor read from its file (memory
     mapped) only when asked for, so that an import holds one tensor at a time rather than the
-    whole checkpoint; the files' headers are read (and checked) at once."""
+    whole checkpoint, and an embedding table a block of rows at a time (`rows`); the files'
+    headers are read (and checked) at once."""
 
     def __init__(self, paths):
         self._files = {}
@@ -86,6 +98,24 @@ class SafetensorsWeights(collections.abc.Mapping):
         path = self._files[name]
         with _opened(path) as tensors:
             return _float32(tensors.get_tensor(name), path, name)
+
+    def shape(self, name):
+        with _opened(self._files[name]) as tensors:
+            return tuple(tensors.get_slice(name).get_shape())
+
+    def rows(self, name, rows):
+        """`self[name][rows]`, reading only those rows: each run of consecutive ones at once."""
+        path = self._files[name]
+        order = np.argsort(rows, kind="stable")
+        ascending = rows[order]
+        runs = np.split(ascending, np.flatnonzero(np.diff(ascending) > 1) + 1)
+        with _opened(path) as tensors:
+            table = tensors.get_slice(name)
+            parts = [_float32(table[int(run[0]) : int(run[-1]) + 1], path, name)[run - run[0]]
+                     for run in runs]  # fmt: skip
+        gathered = np.empty_like(parts[0], shape=(len(rows), *parts[0].shape[1:]))
+        gathered[order] = np.concatenate(parts)
+        return gathered
 
     def __contains__(self, name):  # without reading the tensor, as Mapping's would
         return name in self._files
@@ -126,7 +156,9 @@ def _read_torch(path):
         raise UnusableFileError(
             path, f"not a readable PyTorch checkpoint ({first_line(error)})"
         ) from None
-    return {name: _float32(tensor.float().numpy(), path, name) for name, tensor in state.items()}
+    return InMemoryWeights(
+        {name: _float32(tensor.float().numpy(), path, name) for name, tensor in state.items()}
+    )
 
 
 def _float32(array, path, name):

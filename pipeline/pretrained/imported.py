@@ -14,11 +14,23 @@ class Imported:
     suppressed_ids: list  # target ids never output (`model.suppressed_ids`)
     source_model: bytes  # the source SentencePiece model, ids = model ids
     target_model: bytes
-    # {Keras weight path below the model: (a function reading its array, checkpoint name)}
+    # {Keras weight path below the model: (a function reading its array or its `RowBlocks`,
+    # checkpoint name)}
     weights: dict
     search: dict  # the `decode` keys of the checkpoint's own search, and "renormalized"
     languages: dict  # {"source": code, "target": code, "tags": {code: token}}
     unproducible: list  # source tokens no segmentation gives (said at import)
+
+
+@dataclasses.dataclass
+class RowBlocks:
+    """A weight too large to hold more than once (an embedding table), given a block of rows at
+    a time: `blocks` yields (first row, rows); `transposed`: the Keras variable holds the rows
+    as its columns (`[width, rows]`, an output layer's kernel)."""
+
+    shape: tuple  # [rows, width]
+    blocks: object  # an iterator
+    transposed: bool = False
 
 
 def weight_rules(settings, encoder_layer, decoder_layer):
@@ -79,12 +91,23 @@ def set_weights(model, weights):
         if path not in weights:
             continue
         read, name = weights[path]
-        array = read()
-        if tuple(array.shape) != tuple(variable.shape):
-            raise UserError(f"model weights: {name} has shape {list(array.shape)}; the "
+        value = read()
+        shape = tuple(value.shape)
+        if isinstance(value, RowBlocks) and value.transposed:
+            shape = shape[::-1]
+        if shape != tuple(variable.shape):
+            raise UserError(f"model weights: {name} has shape {list(value.shape)}; the "
                             f"configuration gives {list(variable.shape)}")  # fmt: skip
-        variable.assign(array)
-        del array
+        if isinstance(value, RowBlocks):
+            for start, block in value.blocks:
+                stop = start + len(block)
+                if value.transposed:
+                    variable.value[:, start:stop].assign(block.T)
+                else:
+                    variable.value[start:stop].assign(block)
+        else:
+            variable.assign(value)
+        del value
 
 
 def write_work_directory(imported, workdir, log=print):

@@ -15,7 +15,7 @@ import numpy as np
 
 from pipeline.core.errors import UnusableFileError, UserError
 from pipeline.pretrained import vocabulary
-from pipeline.pretrained.imported import Imported, parameter_names, weight_rules
+from pipeline.pretrained.imported import Imported, RowBlocks, parameter_names, weight_rules
 
 MODEL_TYPE = "marian"
 ACTIVATIONS = {"relu": "relu", "swish": "silu", "silu": "silu", "gelu": "gelu"}
@@ -245,7 +245,7 @@ def _arrays(weights, settings, source_space, target_space):
     if not settings["tie_embeddings"]:
         output = _find(weights, OUTPUT_EMBEDDING, "the output layer (untied)")
         arrays["target_embedding/reverse_embeddings"] = (
-            lambda: _gather(target_space, weights, output).T, output)  # fmt: skip
+            lambda: _gather(target_space, weights, output, transposed=True), output)  # fmt: skip
 
     def output_bias():
         rows = max(target_space.rows.max() + 1, 1)
@@ -273,12 +273,14 @@ def _arrays(weights, settings, source_space, target_space):
     return arrays
 
 
-def _gather(space, weights, name):
-    table = weights[name]
-    if table.ndim != 2 or table.shape[0] <= space.rows.max():
-        raise UserError(f"model weights: {name} has shape {list(table.shape)}, too few rows "
+def _gather(space, weights, name, transposed=False):
+    """The embedding table `name` reordered to `space`'s ids, as `RowBlocks`."""
+    shape = weights.shape(name)
+    if len(shape) != 2 or shape[0] <= space.rows.max():
+        raise UserError(f"model weights: {name} has shape {list(shape)}, too few rows "
                         f"for the vocabulary's {space.rows.max() + 1} ids")  # fmt: skip
-    return space.gather(table)
+    blocks = space.blocks(lambda rows: weights.rows(name, rows))
+    return RowBlocks((space.size, shape[1]), blocks, transposed)
 
 
 def _find(weights, names, what):

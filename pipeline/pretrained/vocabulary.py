@@ -32,6 +32,7 @@ SPECIAL_PIECES = {PAD_ID: "<pad>", UNK_ID: "<unk>", BOS_ID: "<s>", EOS_ID: "</s>
 SPECIAL_TYPES = {PAD_ID: Piece.CONTROL, UNK_ID: Piece.UNKNOWN, BOS_ID: Piece.CONTROL,
                  EOS_ID: Piece.CONTROL}  # fmt: skip
 NEW_ROW = -1  # an id whose embedding row is zeros (the toolkit's <pad>)
+BLOCK_ROWS = 8192  # an embedding table is reordered and assigned this many ids at a time
 PRODUCIBLE = (Piece.NORMAL, Piece.USER_DEFINED)
 
 
@@ -51,10 +52,16 @@ class IdSpace:
 
     def gather(self, table):
         """`table` (`[checkpoint rows, ...]`) reordered to these ids; zeros for new rows."""
-        rows = np.where(self.rows == NEW_ROW, 0, self.rows)
-        gathered = table[rows]
-        gathered[self.rows == NEW_ROW] = 0
-        return gathered
+        return np.concatenate([block for _, block in self.blocks(table.__getitem__)])
+
+    def blocks(self, read_rows):
+        """(first id, rows of the reordered table) for each block of `BLOCK_ROWS` ids, read
+        through `read_rows(checkpoint rows)`: a large table is never whole twice."""
+        for start in range(0, self.size, BLOCK_ROWS):
+            rows = self.rows[start : start + BLOCK_ROWS]
+            block = read_rows(np.where(rows == NEW_ROW, 0, rows))
+            block[rows == NEW_ROW] = 0
+            yield start, block
 
 
 def id_space(table, unk, eos, start, producible=()):

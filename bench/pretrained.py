@@ -1,0 +1,554 @@
+"""Imported OPUS-MT (Marian) checkpoints against transformers and CTranslate2: translation
+speed at OPUS-MT's base shape with the import's time and memory, and fine-tuning an import.
+
+    python bench/pretrained.py speed [--root runs/pretrained] [--rounds 3] [--threads 1,2]
+    python bench/pretrained.py fine-tune [--root runs/pretrained] [--pretrain-steps 800]
+        [--minutes 10]
+
+The checkpoints are made by transformers in the venv of `bench/hf_fixtures.py` (`--hf-venv`,
+made when missing); torch never enters the project's environment.
+
+speed: a random `MarianMTModel` of OPUS-MT's base shape (6 + 6 layers, d_model 512, 8 heads,
+FFN 2048, swish, one tied 58,101-row vocabulary: the pieces of SentencePiece models trained on
+Multi30k, then unused filler tokens). `python -m pipeline.import_model` imports it (its wall
+time and peak resident memory, against the checkpoint's size and the same import of a tiny
+checkpoint); `python -m export` writes the SavedModel and ONNX float32 and int8;
+`ct2-transformers-converter` converts the checkpoint for CTranslate2. Each engine then runs in
+a process of its own, loaded once, and the rounds take the engines in turn (the order rotating
+each round): beam 4, sources of 20 tokens (19 pieces and </s>), exactly 30 target tokens
+(min = max length: with random weights, every engine does the same steps), batch 1 and 32,
+once for each of `--threads` (an engine's fastest thread count differs between engines and
+machines: CTranslate2 int8 can be slower on two threads than on one). Prints each engine's
+best time per batch over the rounds and thread counts, the thread count that gave it, and its
+speed against transformers and against CTranslate2 int8.
+
+fine-tune: a small Marian model (3 + 3 layers, d_model 256, swish, SentencePiece models of
+6,000 pieces) trained by transformers for `--pretrain-steps` steps on the first 10,000 pairs
+of Multi30k de-en's training split stands for a pretrained checkpoint. It is imported and
+scored on test_2016_flickr (`pipeline.evaluate`, the checkpoint's own search), fine-tuned for
+`--minutes` on the whole training split (`pipeline.train --init-from`), scored again; the
+import's ONNX export is scored with float32 and int8 weights.
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import hf_fixtures
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+MULTI30K = hf_fixtures.MULTI30K
+SEED = 1234
+
+BASE_SHAPE = dict(
+    d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
+    decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048,
+    activation_function="swish", share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
+    max_position_embeddings=512,
+)  # fmt: skip
+BASE_VOCABULARY = 58_101  # opus-mt-de-en's
+BASE_PIECES = 6000  # each side's SentencePiece model; the rest of the vocabulary is filler
+SOURCE_PIECES = 19  # and </s>: 20 source tokens
+TARGET_TOKENS = 30
+BEAM_SIZE = 4
+BATCHES = (1, 32)
+# An import's memory whatever the checkpoint, measured on the smallest test fixture.
+FIXED_COST_CHECKPOINT = PROJECT_ROOT / "tests" / "fixtures" / "hf_marian" / "shared_tied_swish"
+REPEATS = {1: 3, 32: 1}  # timings a batch size takes in each engine's turn
+
+SMALL_SHAPE = dict(
+    d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
+    decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024,
+    activation_function="swish", share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
+    max_position_embeddings=256,
+)  # fmt: skip
+SMALL_PIECES = 6000
+PRETRAIN_LINES = 10_000
+PRETRAINING = dict(batch=64, lr=1e-3, warmup=200, max_tokens=80, threads=2)
+TEST_SPLIT = "test_2016_flickr"
+
+
+def log(message):
+    print(message, flush=True)
+
+
+def run(command, **kwargs):
+    """Runs `command`, its output shown; a failure ends the benchmark with its command."""
+    result = subprocess.run([str(c) for c in command], cwd=PROJECT_ROOT, **kwargs)
+    if result.returncode != 0:
+        sys.exit(f"failed ({result.returncode}): {' '.join(map(str, command))}")
+    return result
+
+
+# --- checkpoints (in the transformers venv) ------------------------------------------------
+
+
+def write_checkpoint(directory, shape, pieces, vocabulary_size, train_steps):
+    """A Marian checkpoint of `shape` in the Hugging Face layout: SentencePiece models of
+    `pieces` trained on Multi30k's de / en training split, one shared vocab.json filled to
+    `vocabulary_size` with tokens no piece produces, trained for `train_steps` steps on its
+    first PRETRAIN_LINES pairs (0: random weights)."""
+    import tempfile
+
+    import torch
+    from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTokenizer
+
+    hf_fixtures.set_seed(SEED)
+    directory.mkdir(parents=True)
+    sources, targets = (hf_fixtures.read_lines("train", side) for side in ("de", "en"))
+    with tempfile.TemporaryDirectory() as work:
+        work = Path(work)
+        spms = [
+            hf_fixtures.train_spm(lines, pieces, directory / name, "identity", work)
+            for lines, name in ((sources, "source.spm"), (targets, "target.spm"))
+        ]
+    both = [*hf_fixtures.ordinary_pieces(spms[0]), *hf_fixtures.ordinary_pieces(spms[1])]
+    vocab = hf_fixtures.marian_vocab(both)
+    filler = max(0, vocabulary_size - len(vocab))
+    vocab = hf_fixtures.marian_vocab([*both, *(f"<filler{i}>" for i in range(filler))])
+    (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=0))
+    tokenizer = MarianTokenizer(
+        source_spm=str(directory / "source.spm"), target_spm=str(directory / "target.spm"),
+        vocab=str(directory / "vocab.json"), source_lang="de", target_lang="en",
+    )  # fmt: skip
+    pad = len(vocab) - 1
+    config = MarianConfig(
+        vocab_size=len(vocab), decoder_vocab_size=len(vocab), scale_embedding=True,
+        pad_token_id=pad, eos_token_id=0, decoder_start_token_id=pad, forced_eos_token_id=0,
+        dropout=0.1, **shape,
+    )  # fmt: skip
+    model = MarianMTModel(config)
+    log(f"{directory.name}: vocabulary {len(vocab)} ({filler} filler), "
+        f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")  # fmt: skip
+    if train_steps:
+        torch.set_num_threads(PRETRAINING["threads"])
+        pairs = list(zip(sources, targets))[:PRETRAIN_LINES]
+        hf_fixtures.train(model, hf_fixtures.encoded_pairs(tokenizer, pairs), pad,
+                          {**PRETRAINING, "steps": train_steps}, log)  # fmt: skip
+    model.generation_config = GenerationConfig(
+        num_beams=BEAM_SIZE, max_length=128, bad_words_ids=[[pad]], forced_eos_token_id=0,
+        decoder_start_token_id=pad, eos_token_id=0, pad_token_id=pad, renormalize_logits=True,
+    )  # fmt: skip
+    tokenizer.save_pretrained(str(directory))
+    model.save_pretrained(str(directory))
+
+
+def hf_python(args):
+    return hf_fixtures.make_venv(args.hf_venv)
+
+
+def checkpoint(args, directory, shape, pieces, vocabulary_size, train_steps):
+    """`directory`, made by `write_checkpoint` in the transformers venv unless it exists."""
+    if not (directory / "model.safetensors").exists():
+        shutil.rmtree(directory, ignore_errors=True)
+        run([hf_python(args), __file__, "_checkpoint", directory, json.dumps(shape), pieces,
+             vocabulary_size, train_steps])  # fmt: skip
+    return directory
+
+
+# --- import, export ------------------------------------------------------------------------
+
+PEAK_MEMORY = (
+    "import resource, subprocess, sys, time\n"
+    "start = time.perf_counter()\n"
+    "code = subprocess.run(sys.argv[1:]).returncode\n"
+    "print(time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,"
+    " code)\n"
+)
+
+
+def measured(command):
+    """(seconds, peak resident MB) of `command`, alone in a process of its own."""
+    output = run([sys.executable, "-c", PEAK_MEMORY, *command], capture_output=True, text=True)
+    seconds, kilobytes, code = output.stdout.split()[-3:]
+    if code != "0":
+        sys.exit(f"failed ({code}): {' '.join(map(str, command))}")
+    return float(seconds), int(kilobytes) / 1024
+
+
+def import_measured(source, workdir):
+    """Imports `source` into `workdir` (anew): its seconds and peak memory, with the peak of the
+    same import of a tiny checkpoint (`FIXED_COST_CHECKPOINT`): what the process costs
+    whatever the checkpoint (TensorFlow, Keras, the importer's code)."""
+    shutil.rmtree(workdir, ignore_errors=True)
+    tiny_workdir = workdir.with_name(workdir.name + "-tiny")
+    shutil.rmtree(tiny_workdir, ignore_errors=True)
+    _, fixed = measured([sys.executable, "-m", "pipeline.import_model", FIXED_COST_CHECKPOINT,
+                         "--workdir", tiny_workdir])  # fmt: skip
+    seconds, peak = measured([sys.executable, "-m", "pipeline.import_model", source,
+                              "--workdir", workdir])  # fmt: skip
+    size = sum(p.stat().st_size for p in source.iterdir()) / 2**20
+    weights = (source / "model.safetensors").stat().st_size / 2**20
+    log(f"import: {seconds:.1f} s, peak memory {peak:.0f} MB ({fixed:.0f} MB importing a tiny "
+        f"checkpoint); checkpoint {size:.0f} MB ({weights:.0f} MB of weights): peak "
+        f"{peak / weights:.2f}x the weights, {(peak - fixed) / weights:.2f}x above the "
+        f"tiny checkpoint's")  # fmt: skip
+    return {"seconds": seconds, "peak_mb": peak, "fixed_mb": fixed, "weights_mb": weights}
+
+
+def set_decode(workdir, **values):
+    """Changes the work directory's `decode` settings (config.yaml)."""
+    import yaml
+
+    path = workdir / "config.yaml"
+    config = yaml.safe_load(path.read_text())
+    config["decode"].update(values)
+    path.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+
+
+def export(workdir, formats="saved_model,onnx"):
+    if not (workdir / "export" / "onnx" / "model.int8.onnx").exists():
+        run([sys.executable, "-m", "export", "--workdir", workdir, "--formats", formats])
+    return workdir / "export"
+
+
+# --- the engines, each in a process of its own ---------------------------------------------
+
+
+def transformers_engine(model_path, source, threads):
+    import torch
+    from transformers import MarianMTModel
+
+    torch.set_num_threads(threads)
+    model = MarianMTModel.from_pretrained(str(model_path)).eval()
+    vocab = json.loads((Path(model_path) / "vocab.json").read_text())
+    ids = torch.tensor([[vocab[p] for p in source["pieces"]] + [vocab["</s>"]]])
+
+    def translate(batch):
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids.repeat(batch, 1), num_beams=BEAM_SIZE,
+                                 min_new_tokens=TARGET_TOKENS, max_new_tokens=TARGET_TOKENS,
+                                 do_sample=False)  # fmt: skip
+        return out.shape[1] - 1  # the decoder's start token aside
+
+    return translate
+
+
+def ctranslate2_engine(compute_type):
+    def load(model_path, source, threads):
+        import ctranslate2
+
+        translator = ctranslate2.Translator(
+            str(model_path), device="cpu", compute_type=compute_type, intra_threads=threads
+        )
+
+        def translate(batch):
+            results = translator.translate_batch(
+                [[*source["pieces"], "</s>"]] * batch, beam_size=BEAM_SIZE, max_input_length=0,
+                min_decoding_length=TARGET_TOKENS, max_decoding_length=TARGET_TOKENS,
+            )  # fmt: skip
+            return len(results[0].hypotheses[0])
+
+        return translate
+
+    return load
+
+
+def onnx_engine(int8):
+    def load(model_path, source, threads):
+        import numpy as np
+
+        from export.runtime import OnnxTranslator
+
+        translator = OnnxTranslator(model_path, intra_op_threads=threads, int8=int8)
+        ids = np.array([source["ids"]], np.int32)
+
+        def translate(batch):
+            out = translator.search(np.repeat(ids, batch, 0), beam_size=BEAM_SIZE,
+                                    max_length=TARGET_TOKENS)  # fmt: skip
+            return int(out["lengths"][0, 0])
+
+        return translate
+
+    return load
+
+
+def saved_model_engine(model_path, source, threads):
+    """The SavedModel through the session loader TF Serving uses."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import numpy as np
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (the SavedModel's tokenizer ops)
+
+    from export.signature import BEAM_SEARCH, SOURCE_IDS
+
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    session = tf.compat.v1.Session(graph=tf.Graph())
+    with session.graph.as_default():
+        meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], str(model_path))
+    signature = meta.signature_def[BEAM_SEARCH]
+    inputs = {name: info.name for name, info in signature.inputs.items()}
+    lengths = signature.outputs["lengths"].name
+    ids = np.array([source["ids"]], np.int32)
+
+    def translate(batch):
+        feeds = {inputs[SOURCE_IDS]: np.repeat(ids, batch, 0), inputs["beam_size"]: BEAM_SIZE,
+                 inputs["max_length"]: TARGET_TOKENS}  # fmt: skip
+        return int(session.run(lengths, feeds)[0, 0])
+
+    return translate
+
+
+ENGINES = {  # name: (loader, runs in the transformers venv)
+    "transformers": (transformers_engine, True),
+    "CTranslate2 float32": (ctranslate2_engine("float32"), False),
+    "CTranslate2 int8": (ctranslate2_engine("int8"), False),
+    "ONNX float32": (onnx_engine(False), False),
+    "ONNX int8": (onnx_engine(True), False),
+    "SavedModel": (saved_model_engine, False),
+}
+
+
+def worker(engine, model_path, source, threads):
+    """Serves timings on stdin/stdout: "BATCH REPEATS" -> {"seconds": [...], "tokens": N}.
+    `source`: {"pieces": the source's pieces, "ids": their ids in the import}."""
+    translate = ENGINES[engine][0](model_path, source, threads)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        batch, repeats = map(int, line.split())
+        seconds = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            tokens = translate(batch)
+            seconds.append(time.perf_counter() - start)
+        print(json.dumps({"seconds": seconds, "tokens": tokens}), flush=True)
+
+
+class Engine:
+    """One engine's worker process, on `threads` threads."""
+
+    def __init__(self, name, python, model_path, source, threads):
+        self.name = name
+        self.threads = threads
+        self.process = subprocess.Popen(
+            [str(python), __file__, "_worker", name, str(model_path), json.dumps(source),
+             str(threads)],
+            cwd=PROJECT_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        while (line := self.process.stdout.readline()) and line.strip() != "ready":
+            pass
+        if not line:
+            sys.exit(f"{name}: the worker ended before it was ready")
+
+    def time(self, batch, repeats):
+        self.process.stdin.write(f"{batch} {repeats}\n")
+        self.process.stdin.flush()
+        reply = self.process.stdout.readline()
+        if not reply:
+            sys.exit(f"{self.name}: the worker ended")
+        return json.loads(reply)
+
+    def close(self):
+        self.process.stdin.close()
+        self.process.wait()
+
+
+def source_tokens(source_spm, onnx_export):
+    """{"pieces": `SOURCE_PIECES` ordinary pieces of the checkpoint's source model, drawn with
+    the seed, "ids": their ids in the import}."""
+    import sentencepiece
+
+    checkpoint_model = sentencepiece.SentencePieceProcessor(model_file=str(source_spm))
+    pieces = random.Random(SEED).sample(hf_fixtures.ordinary_pieces(checkpoint_model),
+                                        SOURCE_PIECES)  # fmt: skip
+    metadata = json.loads((onnx_export / "model.json").read_text())
+    ours = sentencepiece.SentencePieceProcessor(
+        model_file=str(onnx_export / metadata["source_vocabulary"])
+    )
+    return {"pieces": pieces, "ids": [ours.piece_to_id(p) for p in pieces]}
+
+
+def speed(args):
+    root = args.root.resolve()
+    source = checkpoint(args, root / "base-checkpoint", BASE_SHAPE, BASE_PIECES,
+                        BASE_VOCABULARY, 0)  # fmt: skip
+    workdir = root / "base-import"
+    imported = import_measured(source, workdir)
+    set_decode(workdir, beam_size=BEAM_SIZE, min_length=TARGET_TOKENS)
+    exported = export(workdir)
+    ct2 = root / "base-ctranslate2"
+    if not (ct2 / "model.bin").exists():
+        run([hf_python(args).parent / "ct2-transformers-converter", "--model", source,
+             "--output_dir", ct2, "--force"])  # fmt: skip
+    saved_model = max((exported / "saved_model" / "translator").iterdir(),
+                      key=lambda p: int(p.name))  # fmt: skip
+    paths = {"transformers": source, "CTranslate2 float32": ct2, "CTranslate2 int8": ct2,
+             "ONNX float32": exported / "onnx", "ONNX int8": exported / "onnx",
+             "SavedModel": saved_model}  # fmt: skip
+    tokens = source_tokens(source / "source.spm", exported / "onnx")
+    engines = [
+        Engine(name, hf_python(args) if in_hf else sys.executable, paths[name], tokens, threads)
+        for name, (_, in_hf) in ENGINES.items()
+        for threads in args.threads
+    ]  # fmt: skip
+    best = {(e.name, e.threads, b): float("inf") for e in engines for b in BATCHES}
+    for engine in engines:  # warm-up, and every engine decodes the same number of steps
+        for batch in BATCHES:
+            tokens = engine.time(batch, 1)["tokens"]
+            if tokens != TARGET_TOKENS:
+                sys.exit(f"{engine.name}: {tokens} target tokens, not {TARGET_TOKENS}")
+    for round_index in range(args.rounds):
+        order = engines[round_index % len(engines) :] + engines[: round_index % len(engines)]
+        for batch in BATCHES:
+            for engine in order:
+                seconds = min(engine.time(batch, REPEATS[batch])["seconds"])
+                key = engine.name, engine.threads, batch
+                best[key] = min(best[key], seconds)
+        log(f"round {round_index + 1} of {args.rounds} done")
+    for engine in engines:
+        engine.close()
+    report_speed(best, imported, args)
+
+
+def report_speed(best, imported, args):
+    import platform
+
+    log(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+        f"beam {BEAM_SIZE}, {SOURCE_PIECES + 1} source tokens, {TARGET_TOKENS} target tokens, "
+        f"best of {args.rounds} rounds and of {'/'.join(map(str, args.threads))} "
+        "threads")  # fmt: skip
+    for batch in BATCHES:
+        fastest = {}  # engine: (seconds, threads)
+        for (name, threads, batch_size), seconds in best.items():
+            if batch_size == batch and seconds < fastest.get(name, (float("inf"),))[0]:
+                fastest[name] = seconds, threads
+        log(
+            f"\nbatch {batch:<3}            ms/batch  threads  vs transformers  vs CTranslate2 int8"
+        )
+        for name, (seconds, threads) in fastest.items():
+            log(f"  {name:20} {seconds * 1000:9.0f} {threads:8} "
+                f"{fastest['transformers'][0] / seconds:15.2f}x "
+                f"{fastest['CTranslate2 int8'][0] / seconds:18.2f}x")  # fmt: skip
+    peak, fixed, weights = (imported[k] for k in ("peak_mb", "fixed_mb", "weights_mb"))
+    log(f"\nimport: {imported['seconds']:.1f} s, peak {peak:.0f} MB = {peak / weights:.2f}x the "
+        f"weights' {weights:.0f} MB; {(peak - fixed) / weights:.2f}x above a tiny "
+        f"checkpoint's import ({fixed:.0f} MB)")  # fmt: skip
+
+
+# --- fine-tuning ---------------------------------------------------------------------------
+
+
+def test_file(root):
+    """test_2016_flickr as `pipeline.evaluate --split FILE` takes it: source<TAB>reference."""
+    path = root / f"{TEST_SPLIT}.de-en.tsv"
+    if not path.exists():
+        pairs = zip(
+            hf_fixtures.read_lines(TEST_SPLIT, "de"), hf_fixtures.read_lines(TEST_SPLIT, "en")
+        )
+        path.write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
+    return path
+
+
+def bleu(workdir, test):
+    run([sys.executable, "-m", "pipeline.evaluate", "--workdir", workdir, "--split", test],
+        stdout=subprocess.DEVNULL)  # fmt: skip
+    report = max(workdir.glob("eval_*.json"), key=lambda p: p.stat().st_mtime)
+    return json.loads(report.read_text())["bleu"]
+
+
+def fine_tuning_config(path, minutes):
+    """The user's config for the fine-tuning: data and schedule only; the model, vocabularies
+    and search come from the import."""
+    files = {
+        f"{split}_{side}": next(p for p in (MULTI30K / f"{name}.{language}",
+                                            MULTI30K / f"{name}.{language}.gz") if p.exists())
+        for split, name in (("train", "train"), ("valid", "val"))
+        for side, language in (("source", "de"), ("target", "en"))
+    }  # fmt: skip
+    text = "data:\n" + "".join(f"  {key}: {path.resolve()}\n" for key, path in files.items())
+    text += f"""\
+train:
+  epochs: 100
+  time_budget_hours: {minutes / 60:.4f}
+  batch_tokens: 4096
+  learning_rate: 0.0003
+  warmup_steps: 200
+  label_smoothing: 0.1
+  checkpoint_every_steps: 500
+"""
+    path.write_text(text)
+    return path
+
+
+def onnx_bleu(exported, test, int8):
+    from export.runtime import OnnxTranslator
+    from pipeline.decoding.evaluation import score_translations
+
+    lines = [line.rstrip("\n").split("\t") for line in test.open(encoding="utf-8")]
+    translator = OnnxTranslator(exported / "onnx", int8=int8)
+    hypotheses = translator.translate([s for s, _ in lines])
+    return score_translations(hypotheses, [t for _, t in lines])["bleu"]
+
+
+def fine_tune(args):
+    root = args.root.resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    source = checkpoint(args, root / "small-checkpoint", SMALL_SHAPE, SMALL_PIECES, 0,
+                        args.pretrain_steps)  # fmt: skip
+    test = test_file(root)
+    imported = root / "small-import"
+    shutil.rmtree(imported, ignore_errors=True)
+    run([sys.executable, "-m", "pipeline.import_model", source, "--workdir", imported])
+    before = bleu(imported, test)
+    log(f"import: test BLEU {before}")
+    exported = export(imported, "onnx")
+    float32, int8 = (onnx_bleu(exported, test, int8) for int8 in (False, True))
+    log(f"import through ONNX Runtime: BLEU {float32} float32, {int8} int8")
+    tuned = root / "small-fine-tuned"
+    shutil.rmtree(tuned, ignore_errors=True)
+    config = fine_tuning_config(root / "fine-tune.yaml", args.minutes)
+    run([sys.executable, "-m", "pipeline.train", "--config", config, "--workdir", tuned,
+         "--init-from", imported])  # fmt: skip
+    after = bleu(tuned, test)
+    log(f"\ntest_2016_flickr BLEU: import {before}, fine-tuned {after} ({after - before:+.2f}); "
+        f"the import through ONNX Runtime: {float32} float32, {int8} int8")  # fmt: skip
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "_checkpoint":
+        directory, shape, pieces, size, steps = sys.argv[2:]
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        write_checkpoint(Path(directory), json.loads(shape), int(pieces), int(size), int(steps))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "_worker":
+        engine, model_path, source, threads = sys.argv[2:]
+        worker(engine, model_path, json.loads(source), int(threads))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("task", choices=("speed", "fine-tune"))
+    parser.add_argument("--root", type=Path, default=PROJECT_ROOT / "runs" / "pretrained")
+    parser.add_argument(
+        "--hf-venv",
+        type=Path,
+        default=PROJECT_ROOT / "runs" / "hf" / "venv",
+        help="the transformers venv (bench/hf_fixtures.py's), made if missing",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="speed: rounds of timings")
+    parser.add_argument(
+        "--threads",
+        type=lambda text: tuple(int(n) for n in text.split(",")),
+        default=(1, 2),
+        help="speed: the thread counts each engine runs with, comma-separated",
+    )
+    parser.add_argument(
+        "--pretrain-steps",
+        type=int,
+        default=800,
+        help="fine-tune: the checkpoint's training steps in transformers",
+    )
+    parser.add_argument("--minutes", type=float, default=10, help="fine-tune: training time")
+    args = parser.parse_args()
+    (speed if args.task == "speed" else fine_tune)(args)
+
+
+if __name__ == "__main__":
+    main()
