@@ -13,6 +13,7 @@ every variant sees the same tokens.
 """
 
 import argparse
+import functools
 import json
 import subprocess
 import sys
@@ -23,6 +24,7 @@ BENCH = Path(__file__).resolve().parent
 PROJECT_ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 
+from common import alternate  # noqa: E402
 from training_speed import epoch_rates  # noqa: E402
 
 RECIPE = PROJECT_ROOT / "configs" / "multi30k_de_en_transformer.yaml"
@@ -65,15 +67,16 @@ def main():
         args.config = PROJECT_ROOT / "configs" / "smoke_transformer.yaml"
         args.updates, args.rounds, args.micro_batch_tokens = 5, 1, 256
     runs = variants(args.micro_batch_tokens, args.parts)
-    figures = {name: [] for name in runs}
-    for _ in range(args.rounds):
-        for name, (overrides, steps) in runs.items():
-            figures[name].append(train(args.config, args.updates * steps, overrides))
-            print(
-                f"{name}: {figures[name][-1][0]:,.0f} target tokens/s, "
-                f"{figures[name][-1][1]:,.0f} MiB",
-                flush=True,
-            )
+
+    def measured(name, overrides, steps):
+        rate, peak = train(args.config, args.updates * steps, overrides)
+        print(f"{name}: {rate:,.0f} target tokens/s, {peak:,.0f} MiB", flush=True)
+        return rate, peak
+
+    figures = alternate(args.rounds, {
+        name: functools.partial(measured, name, overrides, steps)
+        for name, (overrides, steps) in runs.items()
+    })  # fmt: skip
     print(f"\n{args.config.name}, {args.updates} updates an epoch, second epoch's rate\n")
     print("| variant | target tokens/s (each round) | median | peak RSS (MiB) |")
     print("|---|---|---:|---:|")

@@ -16,6 +16,7 @@ alternating run for run, on single-file copies of the corpora (older code reads 
 """
 
 import argparse
+import functools
 import gzip
 import os
 import random
@@ -29,8 +30,8 @@ import time
 from pathlib import Path
 
 import yaml
+from common import PROJECT_ROOT, alternate
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SHARD_PAIRS = 2_500_000
 FIRST_STEP = re.compile(r"First training step after ([0-9.]+) s")
 
@@ -200,16 +201,21 @@ def main():
     trees = {"current tree": (PROJECT_ROOT, "train.{}-*.gz")}
     if args.ref_tree:
         trees[f"reference tree {args.ref_tree}"] = (args.ref_tree.resolve(), "single/train.{}.gz")
-    runs = {label: {pairs: [] for pairs in args.pairs} for label in trees}
-    for _ in range(args.repeats):
-        for pairs in args.pairs:
-            directory = args.corpus_dir.resolve() / str(pairs)
-            for label, (tree, pattern) in trees.items():
-                paths = [directory / pattern.format(side) for side in ("src", "tgt")]
-                run = run_training(tree, *paths, model, args.keep)
-                runs[label][pairs].append(run)
-                outcome = f"{run[1]:.1f} s, {run[2]:,.0f} MB" if run else "failed"
-                print(f"{label}, {pairs:,} pairs: {outcome}", flush=True)
+
+    def measured(label, tree, pattern, pairs):
+        directory = args.corpus_dir.resolve() / str(pairs)
+        paths = [directory / pattern.format(side) for side in ("src", "tgt")]
+        run = run_training(tree, *paths, model, args.keep)
+        outcome = f"{run[1]:.1f} s, {run[2]:,.0f} MB" if run else "failed"
+        print(f"{label}, {pairs:,} pairs: {outcome}", flush=True)
+        return run
+
+    measured_runs = alternate(args.repeats, {
+        (pairs, label): functools.partial(measured, label, tree, pattern, pairs)
+        for pairs in args.pairs for label, (tree, pattern) in trees.items()
+    })  # fmt: skip
+    runs = {label: {pairs: measured_runs[pairs, label] for pairs in args.pairs}
+            for label in trees}  # fmt: skip
     sizes = {pairs: corpus_mb(args.corpus_dir / str(pairs)) for pairs in args.pairs}
     for label, by_size in runs.items():
         print_table(label, by_size, sizes)

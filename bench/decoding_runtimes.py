@@ -19,7 +19,6 @@ model (the previous commit's, say) to the turns: a before/after ratio measured i
 import argparse
 import json
 import os
-import platform
 import time
 from pathlib import Path
 
@@ -28,6 +27,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tensorflow_text  # noqa: E402, F401  (the SavedModel's tokenizer ops)
+from common import alternate, machine  # noqa: E402
 
 from export.runtime import OnnxTranslator  # noqa: E402
 from export.signature import BEAM_SEARCH, SOURCE_IDS  # noqa: E402
@@ -168,16 +168,17 @@ def measure(runtimes, source_ids, batch_size, beam_size, repeats):
     for runtime in runtimes:
         runtime(batches[0][1], beam_size)  # tracing, graph optimisation, allocation
     results = [[None] * len(source_ids) for _ in runtimes]
-    best = [float("inf")] * len(runtimes)
-    for _ in range(repeats):
-        for r, runtime in enumerate(runtimes):
-            start = time.perf_counter()
-            for indices, batch in batches:
-                ids, scores = runtime(batch, beam_size)
-                for row, index in enumerate(indices):
-                    results[r][index] = (ids[row], float(scores[row]))
-            best[r] = min(best[r], time.perf_counter() - start)
-    return best, results
+
+    def timed(r):
+        start = time.perf_counter()
+        for indices, batch in batches:
+            ids, scores = runtimes[r](batch, beam_size)
+            for row, index in enumerate(indices):
+                results[r][index] = (ids[row], float(scores[row]))
+        return time.perf_counter() - start
+
+    timings = alternate(repeats, {r: lambda r=r: timed(r) for r in range(len(runtimes))})
+    return [min(seconds, default=float("inf")) for seconds in timings.values()], results
 
 
 def compare(results, reference):
@@ -240,7 +241,7 @@ def main():
             SessionRuntime(latest_version(args.baseline_export, model_name), " (baseline)"),
             OnnxRuntime(args.baseline_export, label=" (baseline)"),
         ]
-    print(f"# {platform.node()}: {os.cpu_count()} CPUs, tensorflow {tf.__version__}")
+    print(f"# {machine()}, tensorflow {tf.__version__}")
     print(
         f"# {args.workdir}, {len(sentences)} test sentences ({args.batch1_sentences} at batch "
         f"1), best of {args.repeats}"

@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+from common import PROJECT_ROOT, alternate
+
 sys.path.insert(0, str(PROJECT_ROOT))
 
 import keras  # noqa: E402
@@ -98,10 +99,10 @@ def main():
         )  # fmt: skip
         return dataset
 
-    results = {"input pipeline alone": [], "training": []}
-    for _ in range(args.rounds):
-        results["input pipeline alone"].append(iterate(make_stream, args.batches))
-        results["training"].append(train(config, tokenizers, make_stream, args.steps))
+    results = alternate(args.rounds, {
+        "input pipeline alone": lambda: iterate(make_stream, args.batches),
+        "training": lambda: train(config, tokenizers, make_stream, args.steps),
+    })  # fmt: skip
     print(f"# {args.config.name}: {corpora[0].name}, batch {train_config['batch_size']}; "
           f"medians of {args.rounds} alternating rounds")  # fmt: skip
     print("| | batches/s | target tokens/s |\n|---|---:|---:|")

@@ -36,15 +36,15 @@ in minutes: a check of the script, not a measurement.
 """
 
 import argparse
+import functools
 import json
-import platform
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+from common import PROJECT_ROOT, alternate, machine, per_second
+from common import run_python as run
+
 sys.path.insert(0, str(PROJECT_ROOT))
 
 from pipeline.config import load_config  # noqa: E402
@@ -56,11 +56,6 @@ QUICK_RECIPE = PROJECT_ROOT / "configs" / "smoke_multilingual.yaml"
 SECOND_TEST = "test_2017_flickr"  # a second test set, where the languages have it
 SPEED_DIRECTION = "de-en"  # speed: the bilingual baseline beside the multilingual export
 PARTS = ("baselines", "multilingual", "zero_shot", "pivot", "backtranslated", "speed", "report")
-
-
-def run(command):
-    print("$", " ".join(map(str, command)), flush=True)
-    subprocess.run([sys.executable, *map(str, command)], cwd=PROJECT_ROOT, check=True)
 
 
 class Bench:
@@ -230,12 +225,16 @@ class Bench:
             translators = {name: OnnxTranslator(self.root / workdir / "export" / "onnx",
                                                 batch_size=batch_size)
                            for name, (workdir, _) in systems.items()}  # fmt: skip
-            rates = {name: [] for name in systems}
-            for _ in range(self.args.rounds):
-                for name, (_, targets) in systems.items():
-                    started = time.perf_counter()
-                    translators[name].translate(sentences, target_language=targets)
-                    rates[name].append(len(sentences) / (time.perf_counter() - started))
+
+            def translate(translator, targets):
+                translator.translate(sentences, target_language=targets)
+                return len(sentences)
+
+            rates = alternate(self.args.rounds, {
+                name: functools.partial(per_second, functools.partial(
+                    translate, translators[name], targets))
+                for name, (_, targets) in systems.items()
+            })  # fmt: skip
             figures[str(batch_size)] = {
                 name: {"sentences_per_s": r, "median": statistics.median(r)}
                 for name, r in rates.items()
@@ -246,7 +245,7 @@ class Bench:
 
     def report(self):
         scores = self.results.get("scores", {})
-        print(f"# {platform.node()}: {self.args.recipe}")
+        print(f"# {machine(cpus=False)}: {self.args.recipe}")
         for split in ("test", SECOND_TEST):
             print(f"\n### {split}: BLEU (lowercased) / chrF / wrong language %\n")
             systems = [s for s in ("multilingual", "zero_shot", "backtranslated") if s in scores]

@@ -13,12 +13,14 @@ No TensorFlow is imported (ONNX Runtime and TensorFlow in one process have crash
 """
 
 import argparse
+import functools
 import statistics
 import sys
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from common import PROJECT_ROOT, alternate, per_second
+
+sys.path.insert(0, str(PROJECT_ROOT))
 
 from export.runtime import OnnxTranslator  # noqa: E402
 from pipeline.decoding.evaluation import score_translations  # noqa: E402
@@ -56,16 +58,22 @@ def main(argv=None):
     sources, references = read_tsv(args.tsv, args.sentences)
     runtimes = translators(args.exports)
     settings = [(batch, beam) for batch in args.batch_sizes for beam in args.beam_sizes]
-    rates = {(label, *setting): [] for label, _ in runtimes for setting in settings}
     outputs = {}
-    for _ in range(args.rounds):
-        for label, translator in runtimes:
-            for batch, beam in settings:
-                translator.batch_size = batch
-                translator.translate(sources[:batch], beam_size=beam)  # warm-up
-                start = time.perf_counter()
-                outputs[label, batch, beam] = translator.translate(sources, beam_size=beam)
-                rates[label, batch, beam].append(len(sources) / (time.perf_counter() - start))
+
+    def rate(label, translator, batch, beam):
+        translator.batch_size = batch
+        translator.translate(sources[:batch], beam_size=beam)  # warm-up
+
+        def translate():
+            outputs[label, batch, beam] = translator.translate(sources, beam_size=beam)
+            return len(sources)
+
+        return per_second(translate)
+
+    rates = alternate(args.rounds, {
+        (label, batch, beam): functools.partial(rate, label, translator, batch, beam)
+        for label, translator in runtimes for batch, beam in settings
+    })  # fmt: skip
     print(f"{len(sources)} sentences, {args.rounds} rounds in turn")
     print("| export | batch | beam | sentences/s (each round) | median | x first | BLEU | chrF |")
     print("|---|---:|---:|---|---:|---:|---:|---:|")

@@ -64,6 +64,7 @@ def run_decoding(runtime, workdir, onnx_directory, sentences_file):
         KerasRuntime,
         SessionRuntime,
         batches_of,
+        export_directory,
         latest_version,
     )
 
@@ -72,7 +73,8 @@ def run_decoding(runtime, workdir, onnx_directory, sentences_file):
     config, model, source_tokenizer, _ = load_trained(workdir)
     if runtime == "saved_model":
         del model  # the session loader reads the SavedModel alone
-        search = SessionRuntime(latest_version(config, workdir))
+        export = export_directory(config, workdir)
+        search = SessionRuntime(latest_version(export, config["export"]["model_name"]))
     else:
         search = KerasRuntime(model, config["decode"])
     limit = config["decode"]["max_source_length"]

@@ -36,6 +36,7 @@ TensorFlow in one process have crashed here, `../shared/STACK.md`).
 """
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -48,8 +49,8 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+from common import PROJECT_ROOT, alternate
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
 from pipeline.decoding.evaluation import score_translations  # noqa: E402
@@ -269,21 +270,25 @@ def decode_both(root, paths, decode_rounds, quick):
         for int8, inter in runtimes
         for search, beam in searches
     }
-    rows = {"peer greedy (SavedModel)": [], **{name: [] for name in ours}}
     scores = {}
-    for _ in range(decode_rounds):  # the sides in turn
+
+    def peer_side():
         command = [sys.executable, str(PEER), "evaluate", "--workdir", str(peer_dir),
                    "--data", str(SPA_ENG)] + (["--limit", str(limit)] if limit else [])  # fmt: skip
         peer = json_lines(run(command, peer_dir / "evaluate.log"))[-1]
-        rows["peer greedy (SavedModel)"].append(
-            (peer["sentences_per_s"], peer["single_sentence_ms_median"])
-        )
         scores["peer greedy (SavedModel)"] = peer
-        for name, (int8, inter, beam) in ours.items():
-            translator = translators[int8, inter]
-            hypotheses, total, single_ms = decode_ours(translator, test_sources, beam, 20)
-            rows[name].append((len(test_sources) / total, single_ms))
-            scores[name] = score_translations(hypotheses, test_references)
+        return peer["sentences_per_s"], peer["single_sentence_ms_median"]
+
+    def our_side(name, int8, inter, beam):
+        translator = translators[int8, inter]
+        hypotheses, total, single_ms = decode_ours(translator, test_sources, beam, 20)
+        scores[name] = score_translations(hypotheses, test_references)
+        return len(test_sources) / total, single_ms
+
+    rows = alternate(decode_rounds, {  # the sides in turn
+        "peer greedy (SavedModel)": peer_side,
+        **{name: functools.partial(our_side, name, *setting) for name, setting in ours.items()},
+    })  # fmt: skip
     print(f"\nTest: {len(test_sources)} sentences, batch {BATCH_SIZE}; "
           f"medians of {decode_rounds} rounds, the sides in turn")  # fmt: skip
     print("| system | sentences/s (each round) | median | ms for one sentence | BLEU | "

@@ -48,6 +48,7 @@ and venv.
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -62,8 +63,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from common import PROJECT_ROOT, alternate, make_venv
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
 from pipeline.decoding.evaluation import score_translations  # noqa: E402
@@ -207,17 +208,9 @@ def install_peers(root, toolkits=TOOLKITS):
     for peer in PEERS.values():
         if not any(toolkit.startswith(peer.name) for toolkit in toolkits):
             continue
-        venv, wanted = peer.venv(root), json.dumps(peer.installs)
-        marker = venv / "installed"
-        if marker.exists() and marker.read_text() == wanted:
-            continue
-        print(f"Installing {peer.name} {peer.version} into {venv}", flush=True)
-        log = root / "logs" / f"install-{peer.name}.log"
-        if not (venv / "bin" / "pip").exists():
-            checked([sys.executable, "-m", "venv", venv], log)
-        for packages in peer.installs:
-            checked([venv / "bin" / "pip", "install", "-q", *packages], log)
-        marker.write_text(wanted)
+        venv, log = peer.venv(root), root / "logs" / f"install-{peer.name}.log"
+        make_venv(venv, peer.installs, run=lambda command, log=log: checked(command, log),
+                  message=f"Installing {peer.name} {peer.version} into {venv}")  # fmt: skip
 
 
 def data_paths(root):
@@ -1001,22 +994,26 @@ def inference(root, family, sentences_count, rounds, threads, toolkits=None):
     settings = [(batch, beam) for batch in (1, 64) for beam in (1, BEAM_SIZE)]
     rates = {(name, *setting): [] for name in systems for setting in settings}
     scores, words = {}, {}
-    for _ in range(rounds):
-        for batch, beam in settings:
-            for name, system in systems.items():
-                system.translate(sources[:batch], batch, beam)  # warm-up
-                hypotheses, seconds = system.translate(sources, batch, beam)
-                rates[name, batch, beam].append(len(sources) / seconds)
-                scores[name, batch, beam] = score_translations(hypotheses, references)
-                words[name, batch, beam] = sum(len(h.split()) for h in hypotheses) / len(hypotheses)
-                rows = [  # saved after each measurement: a stopped run keeps what it measured
-                    {"system": name, "batch": batch, "beam": beam, "sentences_per_s": rate,
-                     "bleu": scores[name, batch, beam]["bleu"],
-                     "bleu_lowercase": scores[name, batch, beam]["bleu_lowercase"],
-                     "words_per_translation": words[name, batch, beam]}
-                    for (name, batch, beam), rate in rates.items() if rate
-                ]  # fmt: skip
-                save_result(root, keys, kept + rows)
+
+    def measure(name, system, batch, beam):
+        system.translate(sources[:batch], batch, beam)  # warm-up
+        hypotheses, seconds = system.translate(sources, batch, beam)
+        rates[name, batch, beam].append(len(sources) / seconds)
+        scores[name, batch, beam] = score_translations(hypotheses, references)
+        words[name, batch, beam] = sum(len(h.split()) for h in hypotheses) / len(hypotheses)
+        rows = [  # saved after each measurement: a stopped run keeps what it measured
+            {"system": name, "batch": batch, "beam": beam, "sentences_per_s": rate,
+             "bleu": scores[name, batch, beam]["bleu"],
+             "bleu_lowercase": scores[name, batch, beam]["bleu_lowercase"],
+             "words_per_translation": words[name, batch, beam]}
+            for (name, batch, beam), rate in rates.items() if rate
+        ]  # fmt: skip
+        save_result(root, keys, kept + rows)
+
+    alternate(rounds, {  # within a round, the systems take turns at each batch size and beam
+        (name, batch, beam): functools.partial(measure, name, system, batch, beam)
+        for batch, beam in settings for name, system in systems.items()
+    })  # fmt: skip
 
 
 # --- report --------------------------------------------------------------------------------

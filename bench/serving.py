@@ -28,7 +28,6 @@ import gzip
 import http.client
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -40,6 +39,8 @@ import numpy as np
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
+
+from common import machine  # noqa: E402
 
 from export.batching import BatchingParameters  # noqa: E402
 from export.runtime import OnnxTranslator  # noqa: E402
@@ -55,20 +56,6 @@ def read_lines(path):
     opener = gzip.open if str(path).endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as lines:
         return [line.rstrip("\n") for line in lines]
-
-
-def cpu_model():
-    """The CPU's model name and its widest vector extension, from /proc/cpuinfo."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.machine()
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines()
-                 if line.startswith("model name")), platform.machine())  # fmt: skip
-    flags = next((line.split(":", 1)[1].split() for line in info.splitlines()
-                  if line.startswith("flags")), [])  # fmt: skip
-    vector = next((f.upper() for f in ("avx512_bf16", "avx512f", "avx2") if f in flags), "")
-    return f"{name} {vector}".strip()
 
 
 def make_requests(sentences, count, seed=0):
@@ -181,7 +168,7 @@ def main():
     requests = make_requests(sources, args.requests)
     used = sorted({s for r in requests for s in r})
     idle = [[s] for s in sources[:IDLE_REQUESTS]]
-    print(f"# {platform.node()}: {os.cpu_count()} CPUs, {cpu_model()}; "
+    print(f"# {machine(model=True)}; "
           f"export {args.export}; {len(requests)} requests, {sum(map(len, requests))} "
           f"sentences a level; server flags {args.server_flags or 'none'}", flush=True)  # fmt: skip
     offline = {64: OnnxTranslator(args.export, batch_size=64),

@@ -36,8 +36,8 @@ only those named. A greedy export
 """
 
 import argparse
+import functools
 import json
-import platform
 import re
 import shutil
 import statistics
@@ -46,7 +46,9 @@ import sys
 import time
 from pathlib import Path
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+from common import PROJECT_ROOT, alternate, machine, round_ratios
+from common import run_python as run
+
 sys.path.insert(0, str(PROJECT_ROOT))
 
 from pipeline.core.atomic_files import write_text_atomically  # noqa: E402
@@ -58,12 +60,6 @@ SEEDS = (1234, 7, 99)  # the teacher ensemble's members; the first is the defaul
 SECOND_TEST = "test_2017_flickr"
 PARTS = ("teachers", "distill", "references", "scores", "speed", "browser", "profile", "report")
 WEB_EXAMPLE = PROJECT_ROOT / "examples" / "web"
-
-
-def run(command, **kwargs):
-    print("$", " ".join(map(str, command)), flush=True)
-    return subprocess.run([sys.executable, *map(str, command)], cwd=PROJECT_ROOT, check=True,
-                          **kwargs)  # fmt: skip
 
 
 def overrides(settings):
@@ -200,25 +196,27 @@ class Bench:
                  for batch in (1, 64) for beam in beams[name]]  # fmt: skip
         translators = {(name, int8): OnnxTranslator(exports[name], int8=int8, batch_size=64)
                        for name in exports for int8 in (False, True)}  # fmt: skip
-        rates = {cell: [] for cell in cells}
-        for _ in range(self.args.rounds):
-            for batch in (1, 64):
-                for beam in (1, 5):
-                    for name, int8 in translators:  # the systems take turns
-                        if beam not in beams[name]:
-                            continue
-                        translator = translators[(name, int8)]
-                        started = time.perf_counter()
-                        if batch == 1:
-                            for sentence in sentences[: self.args.sentences // 4]:
-                                translator.translate([sentence], beam_size=beam)
-                            count = len(sentences[: self.args.sentences // 4])
-                        else:
-                            translator.translate(sentences, beam_size=beam)
-                            count = len(sentences)
-                        rates[(name, int8, batch, beam)].append(
-                            count / (time.perf_counter() - started)
-                        )
+
+        def rate(translator, batch, beam):
+            """Sentences/s of one timing: a quarter of the sentences one at a time at batch 1,
+            all of them at batch 64."""
+            started = time.perf_counter()
+            if batch == 1:
+                for sentence in sentences[: self.args.sentences // 4]:
+                    translator.translate([sentence], beam_size=beam)
+                count = len(sentences[: self.args.sentences // 4])
+            else:
+                translator.translate(sentences, beam_size=beam)
+                count = len(sentences)
+            return count / (time.perf_counter() - started)
+
+        sides = {  # within a round, the systems take turns at each batch size and beam
+            (name, int8, batch, beam): functools.partial(rate, translator, batch, beam)
+            for batch in (1, 64) for beam in (1, 5)
+            for (name, int8), translator in translators.items() if beam in beams[name]
+        }  # fmt: skip
+        measured = alternate(self.args.rounds, sides)
+        rates = {cell: measured[cell] for cell in cells}
         self.results["speed"] = [
             {"system": name, "int8": int8, "batch": batch, "beam": beam,
              "sentences_per_s": r, "median": statistics.median(r)}
@@ -235,16 +233,20 @@ class Bench:
             return
         sentences = read_lines(self.args.test_source["source"])[: self.args.browser_sentences]
         exports = self.exports()
-        rates = {(name, int8): [] for name in self.timed() for int8 in (False, True)}
-        each = {system: [] for system in rates}  # every sentence's milliseconds
-        for _ in range(self.args.rounds):
-            for name, int8 in rates:
-                shown = self.drive_page(node, chromium, exports[name], sentences, int8)
-                milliseconds = [page["milliseconds"] for page in shown[1:]]  # the first warms
-                rates[(name, int8)].append(1000 * len(milliseconds) / sum(milliseconds))
-                each[(name, int8)] += milliseconds
-                statuses = self.results.setdefault("browser_status", {})
-                statuses[f"{name}, {'int8' if int8 else 'float32'}"] = shown[-1]["status"]
+        systems = [(name, int8) for name in self.timed() for int8 in (False, True)]
+        each = {system: [] for system in systems}  # every sentence's milliseconds
+
+        def rate(name, int8):
+            shown = self.drive_page(node, chromium, exports[name], sentences, int8)
+            milliseconds = [page["milliseconds"] for page in shown[1:]]  # the first warms
+            each[(name, int8)] += milliseconds
+            statuses = self.results.setdefault("browser_status", {})
+            statuses[f"{name}, {'int8' if int8 else 'float32'}"] = shown[-1]["status"]
+            return 1000 * len(milliseconds) / sum(milliseconds)
+
+        rates = alternate(
+            self.args.rounds, {system: functools.partial(rate, *system) for system in systems}
+        )
         self.results["browser"] = [
             {"system": name, "int8": int8, "sentences_per_s": r, "median": statistics.median(r),
              "median_ms": statistics.median(each[(name, int8)])}
@@ -321,17 +323,16 @@ class Bench:
             for int8 in (False, True):
                 row = []
                 for batch in (1, 64):
-                    ratios = [ours / theirs for ours, theirs in
-                              zip(rounds[(name, int8, batch, beam)],
-                                  rounds[("default", int8, batch, 5)])]  # fmt: skip
+                    ratios, median = round_ratios(rounds[(name, int8, batch, beam)],
+                                                  rounds[("default", int8, batch, 5)])  # fmt: skip
                     each = " ".join(f"{r:.2f}" for r in ratios)
-                    row.append(f"{each} ({statistics.median(ratios):.2f})")
+                    row.append(f"{each} ({median:.2f})")
                 cells.append(f"| {name} | {'int8' if int8 else 'float32'} | {' | '.join(row)} |")
             print("\n".join(cells))
 
     def report(self):
         print(
-            f"# {platform.node()}: {self.args.student.name}, teacher recipe "
+            f"# {machine(cpus=False)}: {self.args.student.name}, teacher recipe "
             f"{self.args.teacher_recipe.name}"
         )
         scores = self.results.get("scores", {})

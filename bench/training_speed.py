@@ -33,6 +33,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
+from common import alternate  # noqa: E402
+
 from pipeline.config import load_config  # noqa: E402
 
 VARIANTS = [
@@ -216,10 +218,10 @@ def compare_trees(config_path, steps, ref_tree, rounds, overrides=()):
     """The recipe's training rate here and in `ref_tree` (e.g. a `git worktree` of the previous
     commit), run after run in turn, two epochs a run, and their ratios: the first epoch's rate
     includes the run's start, the second's is steady training."""
-    rates = {"this tree": [], str(ref_tree): []}
-    for _ in range(rounds):
-        for name, tree in zip(rates, (PROJECT_ROOT, ref_tree)):
-            rates[name].append(train_rate(config_path, steps, overrides, tree, epochs=2))
+    rates = alternate(rounds, {
+        name: lambda tree=tree: train_rate(config_path, steps, overrides, tree, epochs=2)
+        for name, tree in (("this tree", PROJECT_ROOT), (str(ref_tree), ref_tree))
+    })  # fmt: skip
     changes = f" with {' '.join(overrides)}" if overrides else ""
     print(f"# {config_path.name}{changes}, 2 epochs of {steps} steps a run, {rounds} rounds "
           "alternating")  # fmt: skip

@@ -231,7 +231,7 @@ def test_bad_arguments_are_refused(inputs):
 # Attention of the default recipe's model at initialisation, on the activations its own
 # layers produce (a source of 20 tokens): every score starts close to uniform. Luong's dot and
 # general scores, unscaled, started at 0.65 of the uniform entropy and went one-hot within
-# 100 Adam steps, costing 11-15 BLEU (bench/RESULTS.md, "Luong attention: diagnosis").
+# 100 Adam steps, costing 11-15 BLEU (bench/RESULTS.md, "Attention scores").
 RECIPE_ATTENTIONS = {
     "bahdanau": [],
     "bahdanau_normalized": ["model.attention_normalize=true"],
