@@ -4,16 +4,23 @@ a server: a `:predict` body parsed and checked in the row (`instances`) or the c
 metadata documents. `export.serve` puts these behind HTTP.
 
 A request that cannot be served raises `RequestError` with TF Serving's HTTP status and a
-one-line message, which the server sends as `{"error": message}`.
+one-line message, which the server sends as `{"error": message}`. Whatever a body holds (any
+JSON value, nested however deep, numbers of any size, strings that are not Unicode text), the
+parser answers it or refuses it so: a malformed body never reaches the model.
 """
 
 import dataclasses
 import json
+import reprlib
 
 from export.signature import SERVING_DEFAULT, TEXT_SIGNATURES, signatures_of
 
 BAD_REQUEST, NOT_FOUND, TOO_LARGE, UNAVAILABLE = 400, 404, 413, 503
 INT32_RANGE = (-(2**31), 2**31 - 1)
+FLOAT32_MAX = 3.4028234663852886e38
+# A request nests 4 deep at most ({"inputs": {"source_ids": [[...]]}}); deeper is refused, as
+# are integers of more digits than any input could take (Python refuses past 4300 digits).
+MAX_NESTING, MAX_DIGITS = 32, 100
 # TF Serving's names for the dtypes in its metadata.
 TENSORFLOW_DTYPES = {"string": "DT_STRING", "int32": "DT_INT32", "float32": "DT_FLOAT"}
 
@@ -43,18 +50,16 @@ def parse_predict(body, multilingual=False):
     signatures take a target language); `RequestError` when it is not JSON, names an unknown
     signature or input, lacks a required input, or holds values of the wrong type or shape."""
     signatures, required = signatures_of(multilingual)
-    try:
-        request = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as error:
-        raise RequestError(BAD_REQUEST, f"the body is not JSON: {error}") from None
+    request = _json_of(body)
     if not isinstance(request, dict):
-        raise RequestError(BAD_REQUEST, "the body must be a JSON object")
+        raise RequestError(BAD_REQUEST, f"the body must be a JSON object, not {_kind(request)}")
     signature = request.get("signature_name", SERVING_DEFAULT)
     if not isinstance(signature, str):
-        raise RequestError(BAD_REQUEST, f"signature_name must be a string, not {signature!r}")
+        raise RequestError(BAD_REQUEST, f"signature_name must be a string, not "
+                           f"{_shown(signature)}")  # fmt: skip
     if signature not in signatures:
-        raise RequestError(NOT_FOUND, f"signature_name {signature!r} not found; this model has "
-                           f"{', '.join(signatures)}")  # fmt: skip
+        raise RequestError(NOT_FOUND, f"signature_name {_shown(signature)} not found; this model "
+                           f"has {', '.join(signatures)}")  # fmt: skip
     if ("instances" in request) == ("inputs" in request):
         raise RequestError(BAD_REQUEST, "a request has either 'instances' (row format) or "
                            "'inputs' (columnar format), not both and not neither")  # fmt: skip
@@ -66,7 +71,7 @@ def parse_predict(body, multilingual=False):
         inputs = _named_inputs(required[signature], signature, request["inputs"])
     unknown = sorted(set(inputs) - set(signatures[signature]["inputs"]))
     if unknown:
-        raise RequestError(BAD_REQUEST, f"{signature} has no input {unknown[0]!r}; it takes "
+        raise RequestError(BAD_REQUEST, f"{signature} has no input {_shown(unknown[0])}; it takes "
                            f"{', '.join(signatures[signature]['inputs'])}")  # fmt: skip
     missing = [name for name in required[signature] if name not in inputs]
     if missing:
@@ -86,11 +91,59 @@ def parse_predict(body, multilingual=False):
     return Prediction(signature, checked, rows, row_format)
 
 
+def _json_of(body):
+    """The JSON value of `body`, or `RequestError` 400 naming why there is none: not JSON, an
+    integer too long, arrays and objects nested deeper than `MAX_NESTING`."""
+    too_deep = f"the body nests arrays and objects more than {MAX_NESTING} deep"
+    try:
+        value = json.loads(body, parse_int=_integer)
+    except RecursionError:  # far deeper than MAX_NESTING: the parser gave up
+        raise RequestError(BAD_REQUEST, too_deep) from None
+    except (UnicodeDecodeError, ValueError) as error:
+        raise RequestError(BAD_REQUEST, f"the body is not JSON: {error}") from None
+    # Depth first, without recursion: each array or object with its depth (the body's is 1).
+    pending = [(value, 1)] if isinstance(value, (dict, list)) else []
+    while pending:
+        container, depth = pending.pop()
+        if depth > MAX_NESTING:
+            raise RequestError(BAD_REQUEST, too_deep)
+        children = container.values() if isinstance(container, dict) else container
+        pending.extend((child, depth + 1) for child in children
+                       if isinstance(child, (dict, list)))  # fmt: skip
+    return value
+
+
+def _integer(digits):
+    """`json.loads`' integers: `RequestError` 400 past `MAX_DIGITS` digits."""
+    if len(digits.lstrip("-")) > MAX_DIGITS:
+        raise RequestError(BAD_REQUEST, f"the body has an integer of {len(digits.lstrip('-'))} "
+                           f"digits; no input takes one of more than {MAX_DIGITS}")  # fmt: skip
+    return int(digits)
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 2, 40, 40, 40
+_SHORT.maxlist = _SHORT.maxdict = 4
+
+
+def _shown(value):
+    """`value` in a message: its repr, shortened (a client's value may be of any size)."""
+    return _SHORT.repr(value)
+
+
+def _kind(value):
+    """The JSON type of a parsed `value`, as a message names it."""
+    if isinstance(value, bool):
+        return "a boolean"
+    return {dict: "an object", list: "an array", str: "a string", int: "a number",
+            float: "a number"}.get(type(value), "null")  # fmt: skip
+
+
 def _columns_of_instances(declared, required, signature, instances):
     """The row format's instances as {input: column}: each instance is an object of named
     inputs, or, for a signature with one required input, that input's value alone."""
     if not isinstance(instances, list):
-        raise RequestError(BAD_REQUEST, "'instances' must be a list")
+        raise RequestError(BAD_REQUEST, f"'instances' must be a list, not {_kind(instances)}")
     if all(not isinstance(instance, dict) for instance in instances):
         if len(required) > 1:
             raise RequestError(BAD_REQUEST, f"each instance of {signature} is an object with "
@@ -127,6 +180,13 @@ def _checked(name, value, dtype, rank):
     if rank == 1:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise RequestError(BAD_REQUEST, f"{name!r} must be a list of strings")
+        for text in value:
+            if not text.isascii():
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:  # a lone surrogate ("\ud800"), which JSON lets by
+                    raise RequestError(BAD_REQUEST, f"{name!r}: {_shown(text)} is not Unicode "
+                                       "text (it holds a lone surrogate)") from None  # fmt: skip
         return value
     if not isinstance(value, list) or not all(isinstance(row, list) for row in value):
         raise RequestError(BAD_REQUEST, f"{name!r} must be a list of lists of integers")
@@ -139,13 +199,16 @@ def _checked(name, value, dtype, rank):
 def _number(name, value, dtype):
     if dtype == "int32":
         if isinstance(value, bool) or not isinstance(value, int):
-            raise RequestError(BAD_REQUEST, f"{name!r} takes integers, not {value!r}")
+            raise RequestError(BAD_REQUEST, f"{name!r} takes integers, not {_shown(value)}")
         if not INT32_RANGE[0] <= value <= INT32_RANGE[1]:
-            raise RequestError(BAD_REQUEST, f"{name!r}: {value} is outside int32")
+            raise RequestError(BAD_REQUEST, f"{name!r}: {_shown(value)} is outside int32")
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise RequestError(BAD_REQUEST, f"{name!r} takes numbers, not {value!r}")
-    return float(value)
+        raise RequestError(BAD_REQUEST, f"{name!r} takes numbers, not {_shown(value)}")
+    value = float(value)  # an int of MAX_DIGITS digits at most: within float64
+    if FLOAT32_MAX < abs(value) < float("inf"):  # infinities and NaN: check_search says why
+        raise RequestError(BAD_REQUEST, f"{name!r}: {_shown(value)} is outside float32")
+    return value
 
 
 def predict_response(prediction, outputs):

@@ -2,6 +2,7 @@
 on a free port, every answer held to the offline `OnnxTranslator`'s."""
 
 import json
+import random
 import shutil
 import signal
 import socket
@@ -254,6 +255,40 @@ def _metric(text, series):
     ({"signature_name": BEAM_SEARCH, "inputs": {"source_ids": [[-3]]}}, 400, "source_ids: id -3"),
     ({"signature_name": BEAM_SEARCH, "inputs": {"source_ids": [[5]], "target_prefix": [[99999]]}},
      400, "target_prefix: id 99999 is outside the vocabulary"),
+    # Malformed bodies of any shape: refused before the model, naming what is wrong.
+    (b"[" * 5000 + b"]" * 5000, 400, "nests arrays and objects more than 32 deep"),
+    (b'{"instances": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, "more than 32 deep"),
+    (b'{"a": ' * 5000 + b"1" + b"}" * 5000, 400, "more than 32 deep"),
+    (b'{"inputs": ' + b"[" * 32 + b"]" * 32 + b"}", 400, "more than 32 deep"),
+    (b'{"inputs": ' + b"[" * 31 + b"]" * 31 + b"}", 400, "list of strings"),  # 32 deep: read
+    (b'{"instances": [' + b"9" * 5000 + b"]}", 400, "an integer of 5000 digits"),
+    ({"signature_name": BEAM_SEARCH, "inputs": {"source_ids": [[5]], "length_penalty": 10**400}},
+     400, "an integer of 401 digits"),
+    ({"signature_name": BEAM_SEARCH, "inputs": {"source_ids": [[5]], "length_penalty": 1e300}},
+     400, "'length_penalty': 1e+300 is outside float32"),
+    ({"signature_name": BEAM_SEARCH, "inputs": {"source_ids": [[2**31]]}}, 400, "outside int32"),
+    ({"instances": ["Ein Hund.", "\ud800"]}, 400, "'sentences': '\\ud800' is not Unicode text"),
+    ({"signature_name": WITH_PREFIX, "inputs": {"sentences": ["a"], "target_prefix": ["\udfff"]}},
+     400, "'target_prefix': '\\udfff' is not Unicode text"),
+    ("Ein Hund.", 400, "JSON object, not a string"),
+    (12, 400, "JSON object, not a number"),
+    (True, 400, "JSON object, not a boolean"),
+    (b"", 400, "not JSON"),
+    ({"instances": {"sentences": ["a"]}}, 400, "'instances' must be a list, not an object"),
+    ({"instances": 3}, 400, "'instances' must be a list, not a number"),
+    ({"instances": [{"sentences": "a"}, "b"]}, 400, "mix objects and bare values"),
+    ({"instances": [{"sentences": "a"}, {"sentences": "b", "x": 1}]}, 400, "same inputs"),
+    ({"instances": [{"sentences": ["a"]}]}, 400, "list of strings"),
+    ({"inputs": {}}, 400, "needs the input 'sentences'"),
+    ({"inputs": {"sentences": ["a"], "target_language": ["de"]}}, 400,
+     "no input 'target_language'"),
+    ({"signature_name": BEAM_SEARCH, "inputs": {"source_ids": "5 6"}}, 400, "list of lists"),
+    ({"signature_name": BEAM_SEARCH, "inputs": {"source_ids": [[5]], "beam_size": "2"}},
+     400, "'beam_size' takes integers, not '2'"),
+    ({"signature_name": BEAM_SEARCH, "inputs": {"source_ids": [[5]], "beam_size": [2] * 10**5}},
+     400, "'beam_size' takes integers, not [2, 2, 2, 2, ...]"),
+    ({"signature_name": "x" * 10**5, "instances": ["a"]}, 404, "not found"),
+    ({"signature_name": [[["serving_default"]]], "instances": ["a"]}, 400, "must be a string"),
 ])  # fmt: skip
 def test_a_bad_request_gets_its_status_and_a_one_line_error_and_the_server_goes_on(
     server, sentences, body, status, says
@@ -261,7 +296,7 @@ def test_a_bad_request_gets_its_status_and_a_one_line_error_and_the_server_goes_
     answer_status, answer = server.predict(body)
     assert answer_status == status
     assert list(answer) == ["error"] and says in answer["error"]
-    assert "\n" not in answer["error"]
+    assert "\n" not in answer["error"] and len(answer["error"]) < 200
     assert server.predict({"instances": sentences[:1]})[0] == 200
 
 
@@ -285,6 +320,67 @@ def test_a_body_of_any_shape_is_answered_200_or_a_one_line_400_or_404_never_500(
     assert status in (200, 400, 404), answer
     if status != 200:
         assert list(answer) == ["error"] and "\n" not in answer["error"]
+
+
+# What the fuzzed bodies below are made of: a request's names, and values of every JSON type,
+# the awkward ones among them (a lone surrogate, numbers outside int32 and float32, NaN).
+FUZZ_KEYS = [*REQUEST_NAMES, "target_language", "", "x"]
+FUZZ_STRINGS = ["", "Ein Hund.", "ü", "\x00", "\ud800", "de", *FUZZ_KEYS]
+FUZZ_NUMBERS = [0, 1, -1, 3, 12, 2**31, -(2**31) - 1, 10**60, 10**400, 0.5, -2.5, 1e308,
+                float("inf"), float("nan")]  # fmt: skip
+
+
+def fuzz_value(rng, depth=0):
+    """A random JSON value, of the shapes of a request's parts more often than not."""
+    kind = rng.randrange(9 if depth < 4 else 4)
+    if kind == 0:
+        return rng.choice([None, True, False])
+    if kind == 1:
+        return rng.choice(FUZZ_NUMBERS) if rng.random() < 0.5 else rng.randint(-2, 300)
+    if kind in (2, 3):
+        return rng.choice(FUZZ_STRINGS)
+    if kind == 4:  # sentences
+        return [rng.choice(FUZZ_STRINGS) for _ in range(rng.randrange(4))]
+    if kind == 5:  # ids
+        width = rng.randrange(3)
+        return [[rng.randint(-1, 300) for _ in range(width)] for _ in range(rng.randrange(3))]
+    if kind == 6:
+        return [fuzz_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+    return {rng.choice(FUZZ_KEYS): fuzz_value(rng, depth + 1) for _ in range(rng.randrange(4))}
+
+
+def fuzz_body(rng):
+    """A random body: mostly an object of a request's names, some bare values, a few nested
+    far too deep."""
+    if rng.random() < 0.15:
+        body = json.dumps(fuzz_value(rng))
+    else:
+        request = {rng.choice(FUZZ_KEYS): fuzz_value(rng, 1) for _ in range(rng.randrange(3))}
+        if rng.random() < 0.6:
+            request["signature_name"] = rng.choice([*SIGNATURES, *SIGNATURES, "x", 3, None])
+        request[rng.choice(["instances", "inputs"])] = fuzz_value(rng, 1)
+        body = json.dumps(request)
+    if rng.random() < 0.05:
+        depth = rng.choice([31, 33, 5000])
+        body = '{"inputs": ' + "[" * depth + body + "]" * depth + "}"
+    return body.encode("utf-8")
+
+
+def test_300_random_bodies_against_the_in_process_app_get_no_5xx(export_dir, sentences):
+    """A seeded fuzz of the request parser: every body is answered (200, or a one-line 4xx
+    naming what is wrong), and the server goes on serving."""
+    rng = random.Random(20240611)
+    with InProcessServer(export_dir) as server:
+        answers = [(body, *server.predict(body)) for body in (fuzz_body(rng) for _ in range(300))]
+        assert server.predict({"instances": sentences[:1]})[0] == 200
+    for body, status, answer in answers:
+        assert status < 500, (body[:200], answer)
+        if status != 200:
+            assert 400 <= status < 500 and list(answer) == ["error"], (body[:200], answer)
+            assert answer["error"] and "\n" not in answer["error"], (body[:200], answer)
+    # Not all refused at the first check: the fuzz reaches the model and every check on the way.
+    statuses = {status for _, status, _ in answers}
+    assert {200, 400, 404} <= statuses, statuses
 
 
 def test_an_oversize_body_is_413_before_it_is_read(server, sentences):
