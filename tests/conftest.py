@@ -1,13 +1,20 @@
 import fcntl
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 # Each pytest-xdist worker's TensorFlow, and the commands its tests start, on its share of
 # the CPUs: workers whose thread pools each span every CPU stall each other's small ops.
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     share = len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
     os.environ.setdefault("TF_NUM_INTRAOP_THREADS", str(max(1, share)))
+
+# TensorFlow loads as the commands load it: at the commands' log level (which the commands the
+# tests start inherit), without the lines its libraries log while they load. Imported here
+# under pytest's capture, in pytest-xdist's controller those lines would wait in the capture
+# until the session ends and print after the summary.
+from pipeline.core.library_output import quiet_tensorflow_startup  # noqa: E402
+
+quiet_tensorflow_startup()
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

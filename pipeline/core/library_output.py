@@ -5,8 +5,12 @@ the quantiser's notices) and CTranslate2's write to the process's stderr. A comm
 should be its own: `to_file` sends whatever the libraries write to stderr into a log file for
 the duration of a block. Our own messages go to stdout and are unaffected.
 `quiet_tensorflow_startup` drops the lines TensorFlow's native logging writes while it loads
-(TensorFlow 2.21 writes them whatever TF_CPP_MIN_LOG_LEVEL says) and its later native errors
-that are not the user's (a missing GPU driver, a kernel fallback).
+(TensorFlow 2.21 writes them whatever TF_CPP_MIN_LOG_LEVEL says: each library with its own copy
+of that logging, libtensorflow_framework and the profiler plugin, reads the variable in a static
+initialiser that runs after those of port.cc, the oneDNN notice, and cudart_stub.cc, the missing
+CUDA driver) and its later native errors that are not the user's (a missing GPU driver, a kernel
+fallback: the oneDNN layout pass logs `oneDNN supports DT_BOOL only on platforms with AVX-512`
+at ERROR once a process, whatever the CPU, for the first Transpose of booleans or integers).
 """
 
 import contextlib
