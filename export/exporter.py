@@ -128,6 +128,9 @@ def export_model(
                         "saved_model or onnx")  # fmt: skip
     config, model, source_tokenizer, target_tokenizer = load_ensemble([workdir, *ensemble],
                                                                       weights)  # fmt: skip
+    if config["data"]["target_language_tokens"]:
+        raise UserError(f"{workdir}: exporting a many-to-many import (M2M100, NLLB) is not "
+                        "supported yet; translate it with pipeline.translate")  # fmt: skip
     if "ctranslate2" in formats:  # refused now rather than after the other formats
         check_formats_fit_model(formats, config["model"]["type"], str(workdir))
         import export.ctranslate2_model  # noqa: F401  (names the package to install, if missing)

@@ -28,10 +28,15 @@ class EncoderDecoderModel(keras.Model):
     Args:
         label_smoothing: epsilon of label smoothing.
         pad_id, bos_id, eos_id: ids of the special target tokens.
+        target_language_first: the first target token names the target language, as in
+            M2M100 and NLLB (their `forced_bos_token_id`): search takes it from the target
+            prefix a request gives, scores it 0, and leaves it out of the output.
     """
 
-    def __init__(self, label_smoothing=0.0, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, **kwargs):
+    def __init__(self, label_smoothing=0.0, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+                 target_language_first=False, **kwargs):  # fmt: skip
         super().__init__(**kwargs)
+        self.target_language_first = bool(target_language_first)
         if not 0.0 <= float(label_smoothing) < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
         self.label_smoothing = float(label_smoothing)

@@ -60,6 +60,8 @@ class Transformer(EncoderDecoderModel):
         activation: the feed-forward networks' activation (a Keras activation name).
         output_bias: a learned bias on the output logits (Marian's `final_logits_bias`).
         source_eos: `encode` appends `</s>` to every source, after its last token.
+        target_language_first: the first target token names the target language (M2M100's
+            and NLLB's): see `EncoderDecoderModel`.
         scale_embeddings: embeddings are multiplied by sqrt(model_dim) (False: as they are).
         decoder_num_heads, decoder_intermediate_dim: the decoder's own (None: the encoder's).
         suppressed_ids: target ids whose logit is `NEVER` at every decoding step, so that
@@ -87,6 +89,7 @@ class Transformer(EncoderDecoderModel):
         activation="relu",
         output_bias=False,
         source_eos=False,
+        target_language_first=False,
         scale_embeddings=True,
         decoder_num_heads=None,
         decoder_intermediate_dim=None,
@@ -97,7 +100,7 @@ class Transformer(EncoderDecoderModel):
         eos_id=EOS_ID,
         **kwargs,
     ):
-        super().__init__(label_smoothing, pad_id, bos_id, eos_id, **kwargs)
+        super().__init__(label_smoothing, pad_id, bos_id, eos_id, target_language_first, **kwargs)
         if positions not in POSITIONS:
             raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
         self._source_vocab_size = int(source_vocab_size)
@@ -360,6 +363,7 @@ class Transformer(EncoderDecoderModel):
             activation=self.activation,
             output_bias=self.use_output_bias,
             source_eos=self.source_eos,
+            target_language_first=self.target_language_first,
             scale_embeddings=self.scale_embeddings,
             decoder_num_heads=self.decoder_num_heads,
             decoder_intermediate_dim=self.decoder_intermediate_dim,

@@ -124,6 +124,12 @@ SCHEMA = {
         "language_tags": Field(dict, None, "an imported multi-target model's {target language "
                                "code: the token asking for it} (null: one target, or multiway_*)",
                                nullable=True),
+        "source_language_tags": Field(dict, None, "an imported many-to-many model's {source "
+                                      "language code: the token before a source in it}",
+                                      nullable=True),
+        "target_language_tokens": Field(dict, None, "{target language code: the token a "
+                                        "target starts with} of a model with "
+                                        "model.target_language_first", nullable=True),
         "source_language": Field(str, None, "the source language's code in the ONNX export's "
                                  "model.json (null: the training files' suffix, de in "
                                  "train.de.gz)", nullable=True),
@@ -443,12 +449,17 @@ def parse_overrides(assignments):
 
 def _check_consistency(config, where, saved=False):
     data = config["data"]
-    tags = data["language_tags"] or {}
-    if tags and data["multiway_train"]:
-        raise UserError(f"{where}: data.language_tags and data.multiway_train are alternatives")
-    if not all(isinstance(k, str) and isinstance(v, str) and v.strip() for k, v in tags.items()):
-        raise UserError(f"{where}: data.language_tags must map language codes to tokens, got "
-                        f"{tags!r}")  # fmt: skip
+    for key in ("language_tags", "source_language_tags", "target_language_tokens"):
+        tags = data[key] or {}
+        if tags and data["multiway_train"]:
+            raise UserError(f"{where}: data.{key} and data.multiway_train are alternatives")
+        if not all(isinstance(k, str) and isinstance(v, str) and v.strip()
+                   for k, v in tags.items()):  # fmt: skip
+            raise UserError(f"{where}: data.{key} must map language codes to tokens, got "
+                            f"{tags!r}")  # fmt: skip
+    if bool(data["target_language_tokens"]) != bool(config["model"].get("target_language_first")):
+        raise UserError(f"{where}: data.target_language_tokens and "
+                        "model.target_language_first go together")  # fmt: skip
     if data["multiway_train"]:
         _check_multiway_consistency(data, where)
         return _check_training_settings(config, where, saved)

@@ -6,7 +6,7 @@ Helsinki-NLP/opus-mt-de-en where huggingface_hub is installed and the network al
 becomes an ordinary work directory: translate, evaluate, export or fine-tune it
 (`pipeline.train --init-from DIR`) as any trained one. It translates as transformers'
 `generate()` does with the checkpoint's generation config; search flags change that as for
-any model. Supported: Marian (OPUS-MT).
+any model. Supported: Marian (OPUS-MT); M2M100 and NLLB-200, translated in process.
 """
 
 import argparse

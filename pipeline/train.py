@@ -102,6 +102,10 @@ def inherited_overrides(config_path, overrides, init_from):
         raise UserError(f"--init-from {init_from}: no trained model there ({CONFIG_FILE} and "
                         f"{MODEL_FILE} expected)")  # fmt: skip
     trained = load_config(saved, saved=True)
+    if trained["data"]["target_language_tokens"]:
+        raise UserError(f"--init-from {init_from}: fine-tuning a many-to-many import (M2M100, "
+                        "NLLB) is not supported yet: its training pairs would need their "
+                        "language tokens")  # fmt: skip
     try:
         raw = yaml.safe_load(find_config(config_path).read_text(encoding="utf-8")) or {}
     except (OSError, UnicodeDecodeError, yaml.YAMLError):

@@ -4,6 +4,7 @@
         [--length-penalty 0.6] [--sampling-temperature T --sampling-topk K] [--scores]
         [--alignments FILE] [--plot DIR]
         [--target-language fr | --target-languages FILE | --languages-in-input]
+        [--source-language de | --source-languages FILE]
 
 Reads standard input unless --input is given. With --n-best N > 1 each input line gives N
 lines of `index<TAB>rank<TAB>score<TAB>translation`; with --scores, `score<TAB>translation`.
@@ -44,6 +45,18 @@ def parse_args(argv):
     languages.add_argument("--languages-in-input", action="store_true",
                            help="a multilingual model: input lines of LANGUAGE<TAB>sentence, "
                                 "each into its language")  # fmt: skip
+    sources = parser.add_mutually_exclusive_group()
+    sources.add_argument(
+        "--source-language",
+        metavar="CODE",
+        help="a model that takes it (M2M100, NLLB): the input's language",
+    )
+    sources.add_argument(
+        "--source-languages",
+        type=Path,
+        metavar="FILE",
+        help="the same: a file of language codes, a line per input line",
+    )
     parser.add_argument("--target-prefix", type=Path,
                         help="file of prefixes, a line per input line: each translation starts "
                              "with its line's text (an empty line: no prefix)")  # fmt: skip
@@ -101,7 +114,6 @@ def main(argv=None):
     search = _check(args)
     from tqdm import tqdm
 
-    from pipeline.core import multilingual
     from pipeline.data.text_input import read_sentences
     from pipeline.decoding.attention_plot import plot_attention
     from pipeline.decoding.translation import Translator
@@ -126,13 +138,16 @@ def main(argv=None):
     flag = next((f for f, given in (("--target-languages", args.target_languages),
                                     ("--languages-in-input", args.languages_in_input))
                  if given), "--target-language")  # fmt: skip
-    requests = multilingual.tag_requests(
-        sentences, asked, multilingual.language_tags(config["data"]),
-        multilingual.model_languages(config["data"]).get("target"), flag,
-    )  # fmt: skip
+    source_asked = args.source_language
+    if args.source_languages:
+        source_asked = read_sentences(args.source_languages, args.errors)
+    source_flag = "--source-languages" if args.source_languages else "--source-language"
     translator = Translator.from_trained(
         (config, model, source_tokenizer, target_tokenizer), args.batch_size, **search
     )
+    requests = translator.requests(sentences, asked, source_asked, (flag, source_flag),
+                                   UserError)  # fmt: skip
+    prefixes = translator.target_prefixes(sentences, asked, prefixes, flag, UserError)
     options = translator.options
     with tqdm(
         total=len(sentences), unit="sent", disable=args.input is None, file=sys.stderr

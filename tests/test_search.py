@@ -29,6 +29,7 @@ class TableModel:
     looks at source position t (clipped), so coverage is predictable."""
 
     pad_id, bos_id, eos_id = PAD, BOS, EOS
+    target_language_first = False
 
     def __init__(self, table):
         table = np.asarray(table, np.float64)

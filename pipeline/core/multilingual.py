@@ -21,9 +21,10 @@ from pathlib import Path
 
 from pipeline.core.errors import UserError
 
-# A language code: two letters, maybe a region or script; and a file name ending in one.
-LANGUAGE_CODE = re.compile(r"[a-z]{2}(?:[_-][A-Za-z]{2,4})?")
-LANGUAGE_SUFFIX = re.compile(rf"\.({LANGUAGE_CODE.pattern})(?:\.gz)?$")
+# A language code: two or three letters, maybe a region or script (NLLB's deu_Latn); and a
+# file name ending in a two-letter one (.de, .pt_BR; three letters would take .txt).
+LANGUAGE_CODE = re.compile(r"[a-z]{2,3}(?:[_-][A-Za-z]{2,4})?")
+LANGUAGE_SUFFIX = re.compile(r"\.([a-z]{2}(?:[_-][A-Za-z]{2,4})?)(?:\.gz)?$")
 SPLITS = ("train", "valid", "test")
 SPLIT_KEYS = {split: f"multiway_{split}" for split in SPLITS}
 ALL_DIRECTIONS = "all"
@@ -136,24 +137,66 @@ def training_directions(data):
 def tag_requests(sentences, languages_asked, known, own_target=None, name="target_language",
                  error=UserError):  # fmt: skip
     """`sentences` as a model takes them. A multilingual model (`known`: {code: tag} of the
-    languages it translates into, `language_tags`) takes each tagged with its language
+    languages it translates into, `language_tags`; or, `name` being a source language's, of
+    those it translates from, `source_language_tags`) takes each tagged with its language
     (`languages_asked`: one code, or one a sentence); a bilingual one (`known` empty) takes
     them unchanged, and a language asked must be its `own_target`. A missing or unknown
     language raises `error` naming `name` and the model's languages."""
-    asked = _as_list(languages_asked, sentences, error)
+    asked = _checked(_as_list(languages_asked, sentences, error), known, own_target, name, error)
+    if not known:
+        return list(sentences)
+    return [tagged([sentence], known[language])[0] for sentence, language in zip(sentences, asked)]
+
+
+def _checked(asked, known, own_target, name, error):
+    """`asked` (a language a sentence), each one that `known` holds, or for a model without
+    tags (`known` empty) None or `own_target`; else `error` naming `name`."""
+    side = "from" if name.startswith("source") else "into"
     if not known:
         wrong = set(asked) - {None, own_target}
         if wrong:
-            raise error(f"{name}: this model translates into {own_target or 'one language'} "
+            raise error(f"{name}: this model translates {side} {own_target or 'one language'} "
                         f"only, not {sorted(wrong)[0]}")  # fmt: skip
-        return list(sentences)
+        return asked
     for language in asked:
         if language is None:
-            raise error(f"this model translates into {', '.join(known)}: give {name}")
+            raise error(f"this model translates {side} {_listed(known)}: give {name}")
         if language not in known:
-            raise error(f"{name}: unknown language {language!r}; this model translates into "
-                        f"{', '.join(known)}")  # fmt: skip
-    return [tagged([sentence], known[language])[0] for sentence, language in zip(sentences, asked)]
+            raise error(f"{name}: unknown language {language!r}; this model translates {side} "
+                        f"{_listed(known)}")  # fmt: skip
+    return asked
+
+
+def _listed(codes, shown=12):
+    """The language `codes`, the first `shown` of a long list and where the others are."""
+    codes = sorted(codes)
+    if len(codes) <= shown:
+        return ", ".join(codes)
+    return (f"{', '.join(codes[:shown])} and {len(codes) - shown} more (their codes are the "
+            "checkpoint's own; the work directory's config.yaml lists them)")  # fmt: skip
+
+
+def source_language_tags(data):
+    """{code: the token before a source in that language} of an imported many-to-many model
+    (M2M100's `__de__`, NLLB's `deu_Latn`); {} for the others."""
+    return dict(sorted((data.get("source_language_tags") or {}).items()))
+
+
+def target_language_tokens(data):
+    """{code: the token its targets start with} of a model whose first target token names
+    the language (`model.target_language_first`); {} for the others."""
+    return dict(sorted((data.get("target_language_tokens") or {}).items()))
+
+
+def language_prefixes(sentences, languages_asked, tokens, target_prefix=None,
+                      name="target_language", error=UserError):  # fmt: skip
+    """The target prefix of each of `sentences` for a model whose targets start with their
+    language's token (`tokens`: {code: token}): that token, then the sentence's own prefix
+    (`target_prefix`: a text a sentence, or None). A missing or unknown language raises
+    `error` naming `name`."""
+    asked = _checked(_as_list(languages_asked, sentences, error), tokens, None, name, error)
+    own = list(target_prefix) if target_prefix is not None else [""] * len(sentences)
+    return [f"{tokens[language]} {prefix}".strip() for language, prefix in zip(asked, own)]
 
 
 def _as_list(languages_asked, sentences, error):

@@ -181,15 +181,23 @@ def _best_unblocked(log_probs, ids, t, blocking, count):
     return best, tf.gather(tokens, order, batch_dims=1)
 
 
-def _force(beam_log_probs, beam_tokens, per_row, log_probs, forced, pad_id):
+def _forced_log_prob(model, log_probs, forced, t):
+    """The log-probability a forced token (int32 `[rows]`) adds at step `t`: the model's (a
+    blocked n-gram included), NEG_INF / 4 at least so that its hypothesis is extended; but 0
+    for the language token a `target_language_first` model's target starts with, as
+    transformers scores its forced first token."""
+    log_prob = tf.maximum(tf.gather(log_probs, forced, batch_dims=1), NEG_INF / 4)
+    if model.target_language_first:
+        log_prob = tf.where(tf.equal(t, 0), 0.0, log_prob)
+    return log_prob
+
+
+def _force(beam_log_probs, beam_tokens, per_row, forced_log_prob, forced, pad_id):
     """Makes the forced token the only candidate of the rows that have one, after the per-row
     top-k (`beam_log_probs`, `beam_tokens`: `[rows, per_row]`), so that forcing costs no pass
-    over `log_probs` (`[rows, vocab]`): the row's first candidate becomes it, the others
-    impossible. It keeps its log-probability under the model (a blocked n-gram included); one
-    the model deems impossible stays possible, at NEG_INF / 4, so that its hypothesis is
-    extended."""
+    over the log-probabilities: the row's first candidate becomes it, scoring
+    `forced_log_prob`, the others impossible."""
     forcing = tf.expand_dims(tf.not_equal(forced, pad_id), 1)
-    forced_log_prob = tf.maximum(tf.gather(log_probs, forced, batch_dims=1), NEG_INF / 4)
     only_first = tf.where(tf.equal(tf.range(per_row), 0), 0.0, NEG_INF)
     beam_log_probs = tf.where(
         forcing, tf.expand_dims(forced_log_prob, 1) + only_first, beam_log_probs
@@ -235,11 +243,14 @@ def _sequential_search(
         logits = _suppress_eos(tf.cast(logits, tf.float32), model.eos_id, t, min_length)
         model_log_probs = tf.nn.log_softmax(logits)
         chosen = choose(_block_repeated_ngrams(model_log_probs, history, t, blocking), t)
-        if prefix is not None:
-            forced = tf.gather(prefix, t, axis=1)
-            chosen = tf.where(tf.not_equal(forced, model.pad_id), forced, chosen)
-        # A forced token scores as the model has it, as in beam search (`_force`).
         chosen_log_prob = tf.gather(model_log_probs, chosen, batch_dims=1)
+        if prefix is not None:  # a forced token scores as in beam search
+            forced = tf.gather(prefix, t, axis=1)
+            forcing = tf.not_equal(forced, model.pad_id)
+            chosen = tf.where(forcing, forced, chosen)
+            chosen_log_prob = tf.where(
+                forcing, _forced_log_prob(model, model_log_probs, forced, t), chosen_log_prob
+            )
         if force_eos:
             last = t + 1 >= limits
             chosen = tf.where(last, model.eos_id, chosen)
@@ -555,10 +566,11 @@ def _expand(model, state, sources, beam_size, min_length, blocking, force_eos):
     beam_log_probs, beam_tokens = _best_unblocked(
         step_log_probs, tf.reshape(alive.ids, [n * beam_size, -1]), t, blocking, per_beam
     )
-    if isinstance(sources.prefix, tf.Tensor):  # a forced token keeps its log-probability
+    if isinstance(sources.prefix, tf.Tensor):
         forced = tf.reshape(tf.gather(sources.prefix, t, axis=2), [-1])
+        forced_log_prob = _forced_log_prob(model, step_log_probs, forced, t)
         beam_log_probs, beam_tokens = _force(
-            beam_log_probs, beam_tokens, per_beam, step_log_probs, forced, model.pad_id
+            beam_log_probs, beam_tokens, per_beam, forced_log_prob, forced, model.pad_id
         )
     if force_eos:
         beam_log_probs, beam_tokens = _force_eos_at_limit(
@@ -822,6 +834,9 @@ def search(model, source_ids, options, target_prefix=None):
     Returns the n-best outputs of `beam_search` (`[batch, n, ...]`; n is 1 for the greedy and
     sampling searches)."""
     o = options
+    if model.target_language_first and target_prefix is None:
+        raise ValueError("this model's targets start with their language's token: give it as "
+                         "the target prefix")  # fmt: skip
     limits = decode_length_limits(
         source_ids, model.pad_id, o.max_length_ratio, o.max_length_offset, o.max_length_cap,
         o.max_length,
@@ -847,4 +862,15 @@ def search(model, source_ids, options, target_prefix=None):
         )  # fmt: skip
     if best is not None:
         outputs = [x[:, None] for x in best]  # one hypothesis per sentence
+    if model.target_language_first:
+        outputs = _without_language_token(*outputs, model.pad_id)
     return blank_empty_sources(source_ids, model.pad_id, *outputs)
+
+
+def _without_language_token(ids, lengths, scores, attention, pad_id):
+    """The outputs less their first column: the target language token that a
+    `target_language_first` model's hypotheses start with (counted in their lengths while they
+    were ranked, as transformers counts its forced first token)."""
+    ids, attention = ids[:, :, 1:], attention[:, :, 1:]
+    lengths = tf.reduce_sum(tf.cast(tf.not_equal(ids, pad_id), tf.int32), axis=2)
+    return ids, lengths, scores, attention

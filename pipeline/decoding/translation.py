@@ -12,6 +12,7 @@ from pipeline.decoding.search import search
 from pipeline.decoding.search_options import SearchOptions
 
 __all__ = ["Hypothesis", "SearchOptions", "Translator", "replace_unknown"]
+LANGUAGE_NAMES = ("target_language", "source_language")  # the arguments naming languages
 
 
 @dataclasses.dataclass
@@ -46,7 +47,7 @@ class Translator:
     """
 
     def __init__(self, model, source_tokenizer, target_tokenizer, options, batch_size=64,
-                 languages=(), target_language=None):  # fmt: skip
+                 languages=(), target_language=None, source_tags=(), target_tokens=()):  # fmt: skip
         self.model = model
         self.source_tokenizer = source_tokenizer
         self.target_tokenizer = target_tokenizer
@@ -54,6 +55,8 @@ class Translator:
         self.batch_size = batch_size
         # A multilingual model's {language: tag}; a bilingual one's target language, if known.
         self.languages, self.target_language = dict(languages), target_language
+        # A many-to-many import's {source language: tag} and {target language: first token}.
+        self.source_tags, self.target_tokens = dict(source_tags), dict(target_tokens)
         self._searches = {}  # SearchOptions -> its traced searches, without and with a prefix
 
     @classmethod
@@ -65,9 +68,12 @@ class Translator:
         config, model, source_tokenizer, target_tokenizer = trained
         search = SearchOptions.from_config(config["decode"], **options)
         batch_size = batch_size or config["decode"]["batch_size"]
+        data = config["data"]
         return cls(model, source_tokenizer, target_tokenizer, search, batch_size,
-                   multilingual.language_tags(config["data"]),
-                   multilingual.model_languages(config["data"]).get("target"))  # fmt: skip
+                   multilingual.language_tags(data),
+                   multilingual.model_languages(data).get("target"),
+                   multilingual.source_language_tags(data),
+                   multilingual.target_language_tokens(data))  # fmt: skip
 
     def _searchers(self, options):
         if options not in self._searches:
@@ -119,37 +125,55 @@ class Translator:
         return results
 
     def translate(self, sentences, target_prefix=None, progress=None, target_language=None,
-                  **options):  # fmt: skip
+                  source_language=None, **options):  # fmt: skip
         """The best translation of each sentence, as text ("" for an empty sentence).
         `target_language`: a multilingual model's language to translate into, one code or
-        one a sentence (`ValueError` when missing or unknown)."""
-        requests = self.requests(sentences, target_language)
+        one a sentence; `source_language` likewise, for a model that takes it (`ValueError`
+        when missing or unknown)."""
         return [
             hypotheses[0].text
-            for hypotheses in self.hypotheses(requests, target_prefix, progress, **options)
+            for hypotheses in self.hypotheses(
+                self.requests(sentences, target_language, source_language),
+                self.target_prefixes(sentences, target_language, target_prefix),
+                progress,
+                **options,
+            )  # fmt: skip
         ]
 
     def translate_n_best(self, sentences, n_best, target_prefix=None, progress=None,
-                         target_language=None, **options):  # fmt: skip
+                         target_language=None, source_language=None, **options):  # fmt: skip
         """The `n_best` (text, score) pairs of each sentence, best first."""
         return [
             [(hypothesis.text, hypothesis.score) for hypothesis in hypotheses]
             for hypotheses in self.hypotheses(
-                self.requests(sentences, target_language),
-                target_prefix,
+                self.requests(sentences, target_language, source_language),
+                self.target_prefixes(sentences, target_language, target_prefix),
                 progress,
                 n_best=n_best,
                 **options,
             )  # fmt: skip
         ]
 
-    def requests(self, sentences, target_language=None):
+    def requests(self, sentences, target_language=None, source_language=None,
+                 names=LANGUAGE_NAMES, error=ValueError):  # fmt: skip
         """`sentences` as the model takes them: tagged with their target language for a
-        multilingual model (`pipeline.core.multilingual.tag_requests`)."""
-        return multilingual.tag_requests(
-            list(sentences), target_language, self.languages, self.target_language,
-            "target_language", ValueError,
-        )  # fmt: skip
+        multilingual model, or their source language for a many-to-many import
+        (`pipeline.core.multilingual.tag_requests`); a missing or unknown language raises
+        `error` naming it as `names` (target's, source's) do."""
+        if self.source_tags:
+            return multilingual.tag_requests(list(sentences), source_language, self.source_tags,
+                                             None, names[1], error)  # fmt: skip
+        return multilingual.tag_requests(list(sentences), target_language, self.languages,
+                                         self.target_language, names[0], error)  # fmt: skip
+
+    def target_prefixes(self, sentences, target_language=None, target_prefix=None,
+                        name=LANGUAGE_NAMES[0], error=ValueError):  # fmt: skip
+        """The target prefix of each sentence: `target_prefix` as it is, or for a model whose
+        targets start with their language's token, that token before it."""
+        if not self.target_tokens:
+            return target_prefix
+        return multilingual.language_prefixes(sentences, target_language, self.target_tokens,
+                                              target_prefix, name, error)  # fmt: skip
 
     def _hypothesis(self, source, ids, score, attention, options):
         ids = [token for token in ids.tolist() if token != PAD_ID]
@@ -159,7 +183,7 @@ class Translator:
         source_pieces = [self.source_tokenizer.processor.id_to_piece(i) for i in source]
         # A multilingual source's tag is the request, not the sentence: alignments, plots and
         # <unk> replacement see the sentence's pieces only.
-        tag = multilingual.leading_tag_pieces(source_pieces, self.languages)
+        tag = multilingual.leading_tag_pieces(source_pieces, self.source_tags or self.languages)
         source_pieces, attention = source_pieces[tag:], attention[:, tag:]
         target_pieces = [self.target_tokenizer.processor.id_to_piece(i) for i in ids]
         if options.replace_unknown:

@@ -14,7 +14,8 @@ import tensorflow as tf
 
 from pipeline.core.errors import UserError
 
-SPECIAL_IDS = ("pad_id", "bos_id", "eos_id")  # what every member must agree on, as vocab sizes
+# The decoding contract's constants, which every member must agree on, as on vocabulary sizes.
+CONTRACT_CONSTANTS = ("pad_id", "bos_id", "eos_id", "target_language_first")
 
 
 class Ensemble:
@@ -32,7 +33,7 @@ class Ensemble:
         self.members = list(members)
         self.weights = [w / sum(weights) for w in weights]
         first = self.members[0]
-        for name in (*SPECIAL_IDS, "source_vocab_size", "target_vocab_size"):
+        for name in (*CONTRACT_CONSTANTS, "source_vocab_size", "target_vocab_size"):
             setattr(self, name, getattr(first, name))
 
     @property

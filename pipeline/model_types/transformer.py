@@ -37,6 +37,8 @@ KEYS = {
                               "positions are added"),
     "output_bias": Field(bool, False, "a learned bias on the output logits"),
     "source_eos": Field(bool, False, "</s> appended to every source, in every runtime"),
+    "target_language_first": Field(bool, False, "the first target token names the target "
+                                   "language: forced by the request, scored 0, not output"),
     "suppressed_ids": Field(list, [], "target ids never output nor counted in the search's "
                             "softmax (an imported vocabulary's rows that no token owns)"),
 }  # fmt: skip
@@ -99,6 +101,7 @@ def build(config, source_vocab_size, target_vocab_size, for_training):
         activation=model_config["activation"],
         output_bias=model_config["output_bias"],
         source_eos=model_config["source_eos"],
+        target_language_first=model_config["target_language_first"],
         scale_embeddings=model_config["scale_embeddings"],
         decoder_num_heads=model_config["decoder_num_heads"],
         decoder_intermediate_dim=model_config["decoder_ffn_dim"],

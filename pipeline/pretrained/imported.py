@@ -18,7 +18,10 @@ class Imported:
     # checkpoint name)}
     weights: dict
     search: dict  # the `decode` keys of the checkpoint's own search, and "renormalized"
-    languages: dict  # {"source": code, "target": code, "tags": {code: token}}
+    # {"source": code, "target": code, "tags": {target code: token before the source},
+    # "source_tags": {source code: token before the source}, "target_tokens": {target code:
+    # token the target starts with}}: what the family has of these
+    languages: dict
     unproducible: list  # source tokens no segmentation gives (said at import)
 
 
@@ -73,6 +76,8 @@ def work_config(imported):
     for side in ("source", "target"):
         data[f"{side}_language"] = imported.languages.get(side)
     data["language_tags"] = imported.languages.get("tags") or None
+    data["source_language_tags"] = imported.languages.get("source_tags") or None
+    data["target_language_tokens"] = imported.languages.get("target_tokens") or None
     return config
 
 

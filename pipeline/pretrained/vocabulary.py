@@ -40,11 +40,14 @@ PRODUCIBLE = (Piece.NORMAL, Piece.USER_DEFINED)
 class IdSpace:
     """The toolkit's ids of one embedding table: `pieces[i]` is id i's piece and `rows[i]` the
     checkpoint row it takes (`NEW_ROW`: zeros). `suppressed` are the ids a decoder never
-    outputs: the new `<pad>`, `<s>` (the checkpoint's start row) and the `<unk>` copies."""
+    outputs: the new `<pad>`, `<s>` (the checkpoint's start row) and the `<unk>` copies.
+    `control`: pieces that decode to nothing (the checkpoint's own special tokens, renamed
+    where the toolkit's take their names, and rows no token owns)."""
 
     pieces: list
     rows: np.ndarray
     suppressed: list
+    control: frozenset = frozenset()
 
     @property
     def size(self):
@@ -64,23 +67,32 @@ class IdSpace:
             yield start, block
 
 
-def id_space(table, unk, eos, start, producible=()):
-    """The `IdSpace` of a checkpoint's `table` ({piece: row}, rows 0..n-1) with its `<unk>`,
-    `</s>` and start rows; `producible`: the pieces the sides' SentencePiece models can
-    produce, in their order (those missing from `table` are appended as `<unk>` copies)."""
-    by_row = sorted(table.items(), key=lambda item: item[1])
+def id_space(table, unk, eos, start, producible=(), table_rows=None):
+    """The `IdSpace` of a checkpoint's `table` ({piece: row}) with its `<unk>`, `</s>` and
+    start rows; `producible`: the pieces the sides' SentencePiece models can produce, in
+    their order (those missing from `table` are appended as `<unk>` copies). `table_rows`:
+    the embedding's rows, where some have no token (each then gets a control piece, so that
+    the softmax still counts it, as the checkpoint's does)."""
+    owned = {row: piece for piece, row in table.items()}
+    control = {f"<row{row}>" for row in range(table_rows or 0) if row not in owned}
+    owned.update({row: f"<row{row}>" for row in range(table_rows or 0) if row not in owned})
     specials = {PAD_ID: NEW_ROW, UNK_ID: unk, BOS_ID: start, EOS_ID: eos}
     pieces = [SPECIAL_PIECES[i] for i in range(len(SPECIAL_PIECES))]
     rows = [specials[i] for i in range(len(SPECIAL_PIECES))]
     taken = set(specials.values())
-    for piece, row in by_row:
-        if row not in taken:
-            pieces.append(piece)
-            rows.append(row)
+    for row, piece in sorted(owned.items()):
+        if row in taken:
+            continue
+        if piece in SPECIAL_PIECES.values():  # the checkpoint's own <s> or <pad>
+            piece = f"{piece}@{row}"
+            control.add(piece)
+        pieces.append(piece)
+        rows.append(row)
     known = set(pieces) | set(table)
     copies = [piece for piece in dict.fromkeys(producible) if piece not in known]
     suppressed = [PAD_ID, BOS_ID, *range(len(pieces), len(pieces) + len(copies))]
-    return IdSpace(pieces + copies, np.array(rows + [unk] * len(copies)), suppressed)
+    return IdSpace(pieces + copies, np.array(rows + [unk] * len(copies)), suppressed,
+                   frozenset(control))  # fmt: skip
 
 
 def side_model(space, spm_proto, user_defined=()):
@@ -107,6 +119,8 @@ def side_model(space, spm_proto, user_defined=()):
         entry = rewritten.pieces.add()
         if index in SPECIAL_PIECES:
             entry.piece, entry.type, entry.score = SPECIAL_PIECES[index], SPECIAL_TYPES[index], 0
+        elif piece in space.control:
+            entry.piece, entry.type, entry.score = piece, Piece.CONTROL, 0
         elif piece in user_defined:
             entry.piece, entry.type, entry.score = user_defined[piece], Piece.USER_DEFINED, 0
         elif piece in scores:
@@ -120,6 +134,13 @@ def side_model(space, spm_proto, user_defined=()):
     spec.bos_piece, spec.eos_piece = SPECIAL_PIECES[BOS_ID], SPECIAL_PIECES[EOS_ID]
     spec.vocab_size = space.size
     return rewritten.SerializeToString()
+
+
+def all_pieces(spm_proto):
+    """Every piece of a SentencePiece model (serialised), in its order."""
+    model = model_pb2.ModelProto()
+    model.ParseFromString(spm_proto)
+    return [p.piece for p in model.pieces]
 
 
 def producible_pieces(spm_proto):
