@@ -281,13 +281,15 @@ class OnnxTranslator:
         return None if target_prefixes is None else encode_each(self.target, target_prefixes)
 
     def translate(self, sentences, target_prefix=None, progress=None, target_language=None,
-                  **options):  # fmt: skip
+                  source_language=None, **options):  # fmt: skip
         """The best translation of each sentence, as text ("" for an empty sentence), as
         `pipeline.decoding.translation.Translator.translate` gives it.
 
         `target_prefix`: a text per sentence ("" for none) that its translation must start
         with. `target_language`: a multilingual model's language to translate into, one code
-        or one a sentence (`ValueError` when missing or unknown; `languages`). Options: any of
+        or one a sentence (`ValueError` when missing or unknown; `languages`).
+        `source_language`: taken as in-process translation takes it, for the models that use
+        one (no export holds such a model yet: it is ignored). Options: any of
         `pipeline.decoding.search_options.EXPORTED_OPTIONS`, each omitted taking the exported
         default.
         """
@@ -298,7 +300,7 @@ class OnnxTranslator:
         return [self.target.decode(best[0][0]) for best in hypotheses]
 
     def translate_n_best(self, sentences, n_best, target_prefix=None, progress=None,
-                         target_language=None, **options):  # fmt: skip
+                         target_language=None, source_language=None, **options):  # fmt: skip
         """The `n_best` (text, score) pairs of each sentence, best first."""
         hypotheses = self.translate_ids(
             self.encode(self.requests(sentences, target_language)),
