@@ -90,7 +90,6 @@ import os
 import random
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -98,7 +97,9 @@ import unicodedata
 import warnings
 from pathlib import Path
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+import common
+
+PROJECT_ROOT = common.PROJECT_ROOT
 MULTI30K = PROJECT_ROOT.parent / "shared" / "data" / "multi30k"
 # torch first, alone: the CPU wheel (see bench/peer_toolkits.py's PEERS).
 VENV_PACKAGES = (
@@ -162,17 +163,11 @@ SIZE_LIMIT = 2 * 1024 * 1024
 
 
 def make_venv(venv):
-    """Makes `venv` once (its `installed` file records VENV_PACKAGES): its python."""
+    """Makes `venv` once (`common.make_venv`, VENV_PACKAGES): its python."""
     venv = Path(venv).resolve()
-    marker, wanted = venv / "installed", json.dumps(VENV_PACKAGES)
-    if not (marker.exists() and marker.read_text() == wanted):
-        print(f"Installing {', '.join(VENV_PACKAGES[-1])} into {venv}", flush=True)
-        if not (venv / "bin" / "pip").exists():
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        for packages in VENV_PACKAGES:
-            subprocess.run([str(venv / "bin" / "pip"), "install", "-q", *packages], check=True)
-        marker.write_text(wanted)
-    return venv / "bin" / "python"
+    return common.make_venv(
+        venv, VENV_PACKAGES, message=f"Installing {', '.join(VENV_PACKAGES[-1])} into {venv}"
+    )
 
 
 def ensure_venv(venv, script=Path(__file__)):
@@ -189,6 +184,38 @@ def ensure_venv(venv, script=Path(__file__)):
         elif not argument.startswith("--venv="):
             arguments.append(argument)
     os.execv(str(python), [str(python), str(Path(script).resolve()), *arguments])
+
+
+def fixture_arguments(description, default_out, fixtures):
+    """The command line every fixture script takes."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", type=Path, default=default_out)
+    parser.add_argument("--venv", type=Path, help="run in this venv, made first if missing")
+    parser.add_argument("--fixtures", nargs="+", choices=list(fixtures), default=list(fixtures))
+    parser.add_argument("--steps", type=int, default=TRAINING["steps"], help="training steps")
+    return parser
+
+
+def start(args, script):
+    """What a fixture script does before its fixtures (`fixture_arguments`' `args`): itself
+    again in `--venv`, `--steps` into TRAINING, torch on TRAINING's threads, transformers
+    quiet, the fixtures' old folders under `--out` removed. Returns (`--out`, a log)."""
+    if args.venv is not None:
+        ensure_venv(args.venv, script)
+    TRAINING["steps"] = args.steps
+    import torch
+    import transformers
+
+    torch.set_num_threads(TRAINING["threads"])
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", message="Recommended: pip install sacremoses")
+    out = args.out.resolve()
+    for name in args.fixtures:
+        if (out / name).exists():
+            shutil.rmtree(out / name)
+    out.mkdir(parents=True, exist_ok=True)
+    return out, lambda message: print(message, flush=True)
 
 
 # --- data ----------------------------------------------------------------------------------
@@ -683,32 +710,10 @@ def make_fixture(name, spec, out, log):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "tests/fixtures/hf_marian")
-    parser.add_argument("--venv", type=Path, help="run in this venv, made first if missing")
-    parser.add_argument("--fixtures", nargs="+", choices=list(FIXTURES), default=list(FIXTURES))
-    parser.add_argument("--steps", type=int, default=TRAINING["steps"], help="training steps")
+    parser = fixture_arguments(__doc__.split("\n\n")[0], PROJECT_ROOT / "tests/fixtures/hf_marian",
+                               FIXTURES)  # fmt: skip
     args = parser.parse_args()
-    TRAINING["steps"] = args.steps
-    if args.venv is not None:
-        ensure_venv(args.venv)
-
-    import torch
-    import transformers
-
-    torch.set_num_threads(TRAINING["threads"])
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    warnings.filterwarnings("ignore", message="Recommended: pip install sacremoses")
-    out = args.out.resolve()
-    for name in args.fixtures:
-        if (out / name).exists():
-            shutil.rmtree(out / name)
-    out.mkdir(parents=True, exist_ok=True)
-
-    def log(message):
-        print(message, flush=True)
-
+    out, log = start(args, Path(__file__))
     summary = {name: make_fixture(name, FIXTURES[name], out, log) for name in args.fixtures}
     total = directory_size(out)
     log("\nfixture               vocab  greedy finished  beam finished  beam!=greedy  kB")

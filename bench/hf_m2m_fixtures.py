@@ -37,14 +37,12 @@ imported. Seeded throughout; it overwrites `--out`.
    `beam_scores`; `generation`.
 """
 
-import argparse
 import json
 import random
 import shutil
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import hf_fixtures
@@ -73,7 +71,7 @@ FIXTURES = {
     "nllb": dict(model={**BASE, "decoder_layers": 1, "decoder_attention_heads": 2,
                         "decoder_ffn_dim": 48}),
 }  # fmt: skip
-TRAINING = dict(steps=1200, batch=64, lr=3e-3, warmup=100, max_tokens=60, threads=2)
+TRAINING = hf_fixtures.TRAINING  # one training recipe for every fixture
 
 
 def test_cases():
@@ -280,32 +278,11 @@ def expected(directory, name, tests, log):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "tests/fixtures/hf_m2m")
-    parser.add_argument("--venv", type=Path, help="run in this venv, made first if missing")
-    parser.add_argument("--fixtures", nargs="+", choices=list(FIXTURES), default=list(FIXTURES))
-    parser.add_argument("--steps", type=int, default=TRAINING["steps"], help="training steps")
-    args = parser.parse_args()
-    TRAINING["steps"] = args.steps
-    if args.venv is not None:
-        hf_fixtures.ensure_venv(args.venv, Path(__file__))
-
-    import torch
-    import transformers
-
-    torch.set_num_threads(TRAINING["threads"])
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    warnings.filterwarnings("ignore", message="Recommended: pip install sacremoses")
-    out = args.out.resolve()
-    for name in args.fixtures:
-        if (out / name).exists():
-            shutil.rmtree(out / name)
-    out.mkdir(parents=True, exist_ok=True)
-
-    def log(message):
-        print(message, flush=True)
-
+    args = hf_fixtures.fixture_arguments(
+        __doc__.split("\n\n")[0], PROJECT_ROOT / "tests/fixtures/hf_m2m", FIXTURES
+    )
+    args = args.parse_args()
+    out, log = hf_fixtures.start(args, Path(__file__))
     for name in args.fixtures:
         make_fixture(name, FIXTURES[name], out, log)
     log(f"total {hf_fixtures.directory_size(out) / 1024:.0f} kB")

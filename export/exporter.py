@@ -128,9 +128,10 @@ def export_model(
                         "saved_model or onnx")  # fmt: skip
     config, model, source_tokenizer, target_tokenizer = load_ensemble([workdir, *ensemble],
                                                                       weights)  # fmt: skip
-    if config["data"]["target_language_tokens"]:
-        raise UserError(f"{workdir}: exporting a many-to-many import (M2M100, NLLB) is not "
-                        "supported yet; translate it with pipeline.translate")  # fmt: skip
+    if config["data"]["target_language_tokens"] and "ctranslate2" in formats:
+        raise UserError(f"{workdir}: --formats ctranslate2 does not hold a many-to-many import "
+                        "(M2M100, NLLB) yet; export it as saved_model or onnx, or convert the "
+                        "checkpoint with CTranslate2's own transformers converter")  # fmt: skip
     if "ctranslate2" in formats:  # refused now rather than after the other formats
         check_formats_fit_model(formats, config["model"]["type"], str(workdir))
         import export.ctranslate2_model  # noqa: F401  (names the package to install, if missing)
@@ -143,7 +144,7 @@ def export_model(
     if "saved_model" in formats or "onnx" in formats:
         graph = TranslationGraph(
             model, source_tokenizer.model_proto, target_tokenizer.model_proto, config["decode"],
-            multilingual.language_tags(config["data"]),
+            multilingual.RequestLanguages.of(multilingual.model_languages(config["data"])),
         )  # fmt: skip
     start = time.perf_counter()
     paths = {}

@@ -31,14 +31,16 @@ INT8_MODEL_FILE = "model.int8.onnx"
 FORMAT_VERSION = 1
 
 
-def _add_input_defaults(model, defaults):
-    """Gives each search option and the target prefix (none) an initializer: ONNX Runtime
-    then treats them as optional."""
+def _add_input_defaults(model, defaults, prefix_required=False):
+    """Gives each search option and, unless `prefix_required`, the target prefix (none) an
+    initializer: ONNX Runtime then treats them as optional. (ONNX Runtime's JavaScript
+    packages hide such inputs: a feed of one is ignored, or refused.)"""
     for option in map(OPTIONS_BY_NAME.get, defaults):
         array = np.array(defaults[option.name], dtype=option.dtype)
         model.graph.initializer.append(onnx.numpy_helper.from_array(array, option.name))
-    no_prefix = np.zeros((0, 0), np.int32)
-    model.graph.initializer.append(onnx.numpy_helper.from_array(no_prefix, TARGET_PREFIX))
+    if not prefix_required:
+        no_prefix = np.zeros((0, 0), np.int32)
+        model.graph.initializer.append(onnx.numpy_helper.from_array(no_prefix, TARGET_PREFIX))
 
 
 @contextlib.contextmanager
@@ -114,15 +116,15 @@ def convert_to_onnx(function, opset):
 def write_onnx(graph, directory, vocabulary_paths, opset, int8=True, languages=None,
                description=None, search="beam"):  # fmt: skip
     """Converts `graph.beam_search` (a `TranslationGraph`), or with `search` "greedy" its
-    `greedy_search()`, into `directory`, with its int8 twin if `int8`; `languages`: {"source":
-    code, "target": code}, the sides known; `description`: {"name", "type", "parameters"} of
-    the model, for runtimes to show."""
+    `greedy_search()`, into `directory`, with its int8 twin if `int8`; `languages`: how
+    requests name the model's languages (`multilingual.model_languages`); `description`:
+    {"name", "type", "parameters"} of the model, for runtimes to show."""
     greedy = search == "greedy"
     function = graph.greedy_search() if greedy else graph.beam_search
     defaults = graph.greedy_defaults if greedy else graph.defaults
     model = convert_to_onnx(function, opset)
     optimise_loops(model.graph)
-    _add_input_defaults(model, defaults)
+    _add_input_defaults(model, defaults, graph.prefix_required)
     model.doc_string = f"Attentional encoder-decoder with {search} search (seq2seq-tf)"
     onnx.checker.check_model(model)
     onnx.save(model, str(directory / MODEL_FILE))

@@ -45,11 +45,12 @@ class Prediction:
     row_format: bool
 
 
-def parse_predict(body, multilingual=False):
-    """The `Prediction` in a `:predict` body (bytes) to an export (`multilingual`: whose text
-    signatures take a target language); `RequestError` when it is not JSON, names an unknown
-    signature or input, lacks a required input, or holds values of the wrong type or shape."""
-    signatures, required = signatures_of(multilingual)
+def parse_predict(body, language_inputs=()):
+    """The `Prediction` in a `:predict` body (bytes) to an export whose text signatures take
+    `language_inputs` (`export.signature.signatures_of`); `RequestError` when it is not JSON,
+    names an unknown signature or input, lacks a required input, or holds values of the wrong
+    type or shape."""
+    signatures, required = signatures_of(language_inputs)
     request = _json_of(body)
     if not isinstance(request, dict):
         raise RequestError(BAD_REQUEST, f"the body must be a JSON object, not {_kind(request)}")
@@ -234,7 +235,7 @@ def _tensor_info(name, dtype, rank):
                              "unknown_rank": False}}  # fmt: skip
 
 
-def model_metadata(model_name, version, multilingual=False):
+def model_metadata(model_name, version, language_inputs=()):
     """`GET /v1/models/NAME/metadata`: the signatures, in TF Serving's JSON shape."""
     signature_defs = {
         name: {
@@ -242,7 +243,7 @@ def model_metadata(model_name, version, multilingual=False):
             "outputs": {n: _tensor_info(n, *spec) for n, spec in declared["outputs"].items()},
             "method_name": "tensorflow/serving/predict",
         }
-        for name, declared in signatures_of(multilingual)[0].items()
+        for name, declared in signatures_of(language_inputs)[0].items()
     }
     return {
         "model_spec": {"name": model_name, "signature_name": "", "version": str(version)},

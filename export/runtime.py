@@ -162,6 +162,8 @@ class OnnxTranslator:
         self.inter_threads = inter_threads
         self.pad_id = self.metadata["special_ids"]["pad"]
         self.eos_id = self.metadata["special_ids"]["eos"]
+        languages = self.metadata.get("languages", {})
+        self.request_languages = multilingual.RequestLanguages.of(languages)
 
     def encode(self, sentences):
         """Source ids of each sentence, cut at the exported `max_source_length`."""
@@ -186,6 +188,10 @@ class OnnxTranslator:
         if not source_ids.shape[1]:  # empty sources still need one (padding) column to encode
             source_ids = np.full((len(source_ids), 1), self.pad_id, np.int32)
         feeds = {SOURCE_IDS: source_ids}
+        if target_prefix is None and self.request_languages.target_tokens:
+            raise ValueError(f"{TARGET_PREFIX}: this model's targets start with their "
+                             "language's token (model.json's languages.target_tokens): give "
+                             "its id as the prefix of each")  # fmt: skip
         if target_prefix is not None:
             if TARGET_PREFIX not in self.metadata["inputs"]:
                 raise ValueError(f"{self.directory}: this export takes no {TARGET_PREFIX}")
@@ -287,15 +293,14 @@ class OnnxTranslator:
 
         `target_prefix`: a text per sentence ("" for none) that its translation must start
         with. `target_language`: a multilingual model's language to translate into, one code
-        or one a sentence (`ValueError` when missing or unknown; `languages`).
-        `source_language`: taken as in-process translation takes it, for the models that use
-        one (no export holds such a model yet: it is ignored). Options: any of
-        `pipeline.decoding.search_options.EXPORTED_OPTIONS`, each omitted taking the exported
-        default.
+        or one a sentence (`ValueError` when missing or unknown; `languages`);
+        `source_language` likewise, for a model that takes it (a many-to-many import's).
+        Options: any of `pipeline.decoding.search_options.EXPORTED_OPTIONS`, each omitted
+        taking the exported default.
         """
         hypotheses = self.translate_ids(
-            self.encode(self.requests(sentences, target_language)),
-            self.encode_prefixes(target_prefix), progress, **options,
+            *self.encode_requests(sentences, target_prefix, target_language, source_language),
+            progress, **options,
         )  # fmt: skip
         return [self.target.decode(best[0][0]) for best in hypotheses]
 
@@ -303,8 +308,8 @@ class OnnxTranslator:
                          target_language=None, source_language=None, **options):  # fmt: skip
         """The `n_best` (text, score) pairs of each sentence, best first."""
         hypotheses = self.translate_ids(
-            self.encode(self.requests(sentences, target_language)),
-            self.encode_prefixes(target_prefix), progress, n_best=n_best, **options,
+            *self.encode_requests(sentences, target_prefix, target_language, source_language),
+            progress, n_best=n_best, **options,
         )  # fmt: skip
         return [[(self.target.decode(ids), score) for ids, score in h] for h in hypotheses]
 
@@ -313,13 +318,18 @@ class OnnxTranslator:
         """The languages a multilingual model translates into ([] for a bilingual one)."""
         return list(self.metadata.get("languages", {}).get("targets", []))
 
-    def requests(self, sentences, target_language=None):
-        """`sentences` as the model takes them: tagged with their target language for a
-        multilingual model (`pipeline.core.multilingual.tag_requests`)."""
-        own = self.metadata.get("languages", {}).get("target")
-        tags = self.metadata.get("languages", {}).get("tags", {})
-        return multilingual.tag_requests(list(sentences), target_language, tags, own,
-                                         "target_language", ValueError)  # fmt: skip
+    def requests(self, *args, **kwargs):
+        """`multilingual.RequestLanguages.requests` of this export's model."""
+        return self.request_languages.requests(*args, **kwargs)
+
+    def encode_requests(self, sentences, target_prefix=None, target_language=None,
+                        source_language=None):  # fmt: skip
+        """(source ids, target prefix ids or None) of `sentences` as the model takes them,
+        asked as `translate` is; `ValueError` naming a missing or unknown language."""
+        sources = self.requests(sentences, target_language, source_language)
+        prefixes = self.request_languages.target_prefixes(sentences, target_language,
+                                                          target_prefix)  # fmt: skip
+        return self.encode(sources), self.encode_prefixes(prefixes)
 
     def _strip(self, ids):
         ids = ids.tolist()

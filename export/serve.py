@@ -34,11 +34,11 @@ from export.signature import (
     SEARCH_OUTPUTS,
     SENTENCES,
     SOURCE_IDS,
+    SOURCE_LANGUAGE,
     TARGET_LANGUAGE,
     TARGET_PREFIX,
     TEXT_SIGNATURES,
     TRANSLATIONS,
-    WITH_PREFIX,
 )
 from pipeline.config import SCHEMA
 from pipeline.core.errors import UserError, first_line, report_user_errors
@@ -97,13 +97,13 @@ class TranslationService:
         if prediction.signature not in TEXT_SIGNATURES:
             return self.queue.submit_alone(self._checked_search(inputs), prediction.rows)
         try:
-            requests = self.translator.requests(inputs[SENTENCES], inputs.get(TARGET_LANGUAGE))
+            sources, prefixes = self.translator.encode_requests(
+                inputs[SENTENCES], inputs.get(TARGET_PREFIX), inputs.get(TARGET_LANGUAGE),
+                inputs.get(SOURCE_LANGUAGE),
+            )  # fmt: skip
         except ValueError as wrong:
             raise RequestError(BAD_REQUEST, str(wrong)) from None
-        sources = self.translator.encode(requests)
-        prefixes = [None] * len(sources)
-        if prediction.signature == WITH_PREFIX:
-            prefixes = self.translator.encode_prefixes(inputs[TARGET_PREFIX])
+        prefixes = prefixes or [None] * len(sources)
         return self.queue.submit(
             prediction.signature, list(zip(sources, prefixes)), [len(s) for s in sources]
         )
@@ -113,7 +113,9 @@ class TranslationService:
         -> (translation, score) each."""
         if signature is None:
             return [self._beam_search(items[0])]
-        prefixes = [prefix for _, prefix in items] if signature == WITH_PREFIX else None
+        # A sentence has a prefix where it was asked or where its model's targets start with
+        # their language's token: then every sentence of its signature has one.
+        prefixes = [prefix for _, prefix in items] if items[0][1] is not None else None
         best = self.translator.translate_ids(
             [source for source, _ in items], prefixes, **self.text_options
         )
@@ -251,8 +253,8 @@ class TranslationServer:
         self.metrics.in_flight.inc()
         try:
             # An unknown model or version: 404 before the body is read.
-            multilingual = bool(self.served(request).model.translator.languages)
-            prediction = rest_api.parse_predict(await self.read_body(request), multilingual)
+            languages = self.served(request).model.translator.request_languages.inputs
+            prediction = rest_api.parse_predict(await self.read_body(request), languages)
             signature = prediction.signature
             most = self.limits.max_sentences_per_request
             if prediction.rows > most:
@@ -282,8 +284,8 @@ class TranslationServer:
     async def metadata(self, request):
         try:
             version = self.served(request)
-            multilingual = bool(version.model.translator.languages)
-            return _json(rest_api.model_metadata(self.model_name, version.number, multilingual))
+            languages = version.model.translator.request_languages.inputs
+            return _json(rest_api.model_metadata(self.model_name, version.number, languages))
         except RequestError as refused:
             return _error(refused.status, str(refused))
 

@@ -20,11 +20,11 @@ from export.signature import (
     SENTENCES,
     SERVING_DEFAULT,
     SOURCE_IDS,
-    TARGET_LANGUAGE,
     TARGET_PREFIX,
     TRANSLATIONS,
     WITH_PREFIX,
 )
+from pipeline.core import multilingual
 from pipeline.data.tokenizer import PAD_ID, UNK_ID
 from pipeline.decoding.search import search as run_search
 from pipeline.decoding.search_options import (
@@ -36,16 +36,17 @@ from pipeline.decoding.search_options import (
 )
 
 
-def _search_signature(search, defaults, options=EXPORTED_OPTIONS):
+def _search_signature(search, defaults, options=EXPORTED_OPTIONS, prefix_required=False):
     """`search(source_ids, target_prefix, **options)` as a `tf.function` whose inputs are
-    `SOURCE_IDS`, `TARGET_PREFIX` (default: none) and `options`, each with its default (a
-    tensor default becomes the SignatureDef's default, so that a request may leave the input
-    out)."""
+    `SOURCE_IDS`, `TARGET_PREFIX` (default: none, unless `prefix_required`) and `options`,
+    each with its default (a tensor default becomes the SignatureDef's default, so that a
+    request may leave the input out)."""
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    no_prefix = inspect.Parameter.empty if prefix_required else tf.zeros([0, 0], tf.int32)
     signature = inspect.Signature(
         [
             inspect.Parameter(SOURCE_IDS, kind),
-            inspect.Parameter(TARGET_PREFIX, kind, default=tf.zeros([0, 0], tf.int32)),
+            inspect.Parameter(TARGET_PREFIX, kind, default=no_prefix),
         ]
         + [inspect.Parameter(o.name, kind, default=tf.constant(defaults[o.name])) for o in options]
     )
@@ -63,26 +64,51 @@ def _search_signature(search, defaults, options=EXPORTED_OPTIONS):
     return tf.function(search_with_options, input_signature=input_signature)
 
 
-def _tagger(tags):
-    """`tag(sentences, target_language)`: each non-blank sentence with the tag of its language
-    before it (`tags`: {code: tag}, `pipeline.core.multilingual.language_tags`), in the graph;
-    a language the model does not have fails the request with a message naming its languages."""
-    known = tf.constant(list(tags))
-    prefixes = tf.constant([tag + " " for tag in tags.values()])
-    message = (f"{TARGET_LANGUAGE}: an unknown language, or not one a sentence; this model "
-               f"translates into {', '.join(tags)}")  # fmt: skip
+def _language_lookup(values, name, side):
+    """`lookup(languages, sentences)`: the string of `values` ({code: string}) of each
+    sentence's language, in the graph; a language the model does not have, or not one a
+    sentence, fails the request with a message naming `name` and the model's languages."""
+    known = tf.constant(list(values))
+    strings = tf.constant(list(values.values()))
+    message = (f"{name}: an unknown language, or not one a sentence; this model translates "
+               f"{side} {multilingual.listed(values)}")  # fmt: skip
 
-    def tag(sentences, target_language):
-        matches = tf.equal(target_language[:, None], known[None, :])
-        known_each = tf.reduce_any(matches, axis=1)
-        fits = tf.logical_and(tf.equal(tf.size(target_language), tf.size(sentences)),
-                              tf.reduce_all(known_each))  # fmt: skip
+    def lookup(languages, sentences):
+        matches = tf.equal(languages[:, None], known[None, :])
+        fits = tf.logical_and(tf.equal(tf.size(languages), tf.size(sentences)),
+                              tf.reduce_all(tf.reduce_any(matches, axis=1)))  # fmt: skip
         with tf.control_dependencies([tf.debugging.Assert(fits, [message])]):
-            prefix = tf.gather(prefixes, tf.argmax(tf.cast(matches, tf.int32), axis=1))
-            tagged = tf.strings.join([prefix, sentences])
-        return tf.where(tf.equal(tf.strings.strip(sentences), ""), sentences, tagged)
+            return tf.gather(strings, tf.argmax(tf.cast(matches, tf.int32), axis=1))
 
-    return tag
+    return lookup
+
+
+def _requests(languages):
+    """`requests(sentences, target_prefix, asked)` -> (sentences, target prefixes) as the model
+    takes them, in the graph, as `multilingual.RequestLanguages` makes them in Python (`asked`:
+    {input name: a language a sentence}): each non-blank sentence after its language's tag,
+    and for a model whose targets start with their language's token, that token before each
+    prefix."""
+    target_name, source_name = multilingual.LANGUAGE_NAMES
+    tag_name, tag, first = None, None, None
+    if languages.source_tags:
+        tag_name, tag = source_name, _language_lookup(languages.source_tags, source_name, "from")
+    elif languages.tags:
+        tag_name, tag = target_name, _language_lookup(languages.tags, target_name, "into")
+    if languages.target_tokens:
+        first = _language_lookup(languages.target_tokens, target_name, "into")
+
+    def requests(sentences, target_prefix, asked):
+        if tag:
+            tagged = tf.strings.join([tag(asked[tag_name], sentences), " ", sentences])
+            sentences = tf.where(tf.equal(tf.strings.strip(sentences), ""), sentences, tagged)
+        if first:
+            tokens = first(asked[target_name], sentences)
+            own = target_prefix if target_prefix is not None else tf.fill(tf.shape(tokens), "")
+            target_prefix = tf.strings.strip(tf.strings.join([tokens, " ", own]))
+        return sentences, target_prefix
+
+    return requests
 
 
 class TranslationGraph(tf.Module):
@@ -113,8 +139,9 @@ class TranslationGraph(tf.Module):
     """
 
     def __init__(self, model, source_model_proto, target_model_proto, decode, languages=None):
-        """`languages`: a multilingual model's {code: tag} (`multilingual.language_tags`),
-        which `translate` takes a `target_language` a sentence for; None or {}: one target."""
+        """`languages`: how requests name their languages (`multilingual.RequestLanguages`),
+        whose `inputs` the text signatures take, a language a sentence; None: a bilingual
+        model's, which takes none."""
         super().__init__(name="translation")
         # The variables, not the model: see the module docstring.
         self.model_variables = [variable.value for variable in model.variables]
@@ -160,9 +187,13 @@ class TranslationGraph(tf.Module):
         # Python ints, not inputs: the search that `run_search` picks is the greedy one.
         greedy = dataclasses.replace(configured, beam_size=1, n_best=1)
         self.greedy_defaults = exported_defaults(decode, GREEDY_EXPORTED_OPTIONS)
+        # A model whose targets start with their language's token needs that token as the
+        # prefix of `beam_search` (the text signatures make it from the language asked).
+        self.prefix_required = model.target_language_first
         self.greedy_search = lambda: _search_signature(
-            functools.partial(search, base=greedy), self.greedy_defaults, GREEDY_EXPORTED_OPTIONS
-        )
+            functools.partial(search, base=greedy), self.greedy_defaults, GREEDY_EXPORTED_OPTIONS,
+            self.prefix_required,
+        )  # fmt: skip
 
         def translate_text(sentences, target_prefix):
             pieces = self.source_tokenizer.tokenize(sentences)[:, :max_source_length]
@@ -177,31 +208,30 @@ class TranslationGraph(tf.Module):
                 SCORES: best["scores"][:, 0],
             }
 
-        sentences_spec = tf.TensorSpec([None], tf.string, name=SENTENCES)
-        prefix_spec = tf.TensorSpec([None], tf.string, name=TARGET_PREFIX)
-        if languages:  # multilingual: each sentence asks for its language
-            language_spec = tf.TensorSpec([None], tf.string, name=TARGET_LANGUAGE)
-            tag = _tagger(dict(languages))
+        languages = languages or multilingual.RequestLanguages.of({})
+        requests = _requests(languages)
+        language_specs = [tf.TensorSpec([None], tf.string, name=n) for n in languages.inputs]
 
-            @tf.function(input_signature=[sentences_spec, language_spec])
-            def translate(sentences, target_language):
-                return translate_text(tag(sentences, target_language), tf.constant([], tf.string))
+        def text_signature(with_prefix):
+            """`translate` (`with_prefix`: `translate_with_prefix`) as a `tf.function` of the
+            sentences, the prefixes and the model's language inputs, in that order."""
+            specs = [tf.TensorSpec([None], tf.string, name=SENTENCES)]
+            specs += [tf.TensorSpec([None], tf.string, name=TARGET_PREFIX)] * with_prefix
 
-            @tf.function(input_signature=[sentences_spec, prefix_spec, language_spec])
-            def translate_with_prefix(sentences, target_prefix, target_language):
-                return translate_text(tag(sentences, target_language), target_prefix)
-
-        else:
-
-            @tf.function(input_signature=[sentences_spec])
-            def translate(sentences):
-                return translate_text(sentences, tf.constant([], tf.string))
-
-            @tf.function(input_signature=[sentences_spec, prefix_spec])
-            def translate_with_prefix(sentences, target_prefix):
+            @tf.function(input_signature=specs + language_specs)
+            def translate(sentences, *inputs):
+                target_prefix = inputs[0] if with_prefix else None
+                asked = dict(zip(languages.inputs, inputs[with_prefix:]))
+                sentences, target_prefix = requests(sentences, target_prefix, asked)
+                if target_prefix is None:
+                    target_prefix = tf.constant([], tf.string)
                 return translate_text(sentences, target_prefix)
 
-        self.beam_search = _search_signature(search, defaults)
+            return translate
+
+        translate, translate_with_prefix = text_signature(False), text_signature(True)
+
+        self.beam_search = _search_signature(search, defaults, prefix_required=self.prefix_required)
         self.translate = translate
         self.translate_with_prefix = translate_with_prefix
 

@@ -7,6 +7,7 @@ their requests from them. No TensorFlow here: the runtime and the client import 
 without it.
 """
 
+from pipeline.core.multilingual import LANGUAGE_NAMES
 from pipeline.decoding.search_options import EXPORTED_OPTIONS
 
 SERVING_DEFAULT = "serving_default"  # sentences string [batch] -> translations, scores
@@ -18,9 +19,11 @@ WITH_PREFIX = "translate_with_prefix"
 
 SENTENCES = "sentences"  # string [batch]: the input of `serving_default`
 SOURCE_IDS = "source_ids"  # int32 [batch, src_len], right-padded with 0
-# string [batch]: the language each sentence is translated into; an input of the text
-# signatures of a multilingual model only (a bilingual export's signatures are as above).
-TARGET_LANGUAGE = "target_language"
+# string [batch]: the language each sentence is translated into, and the one it is in;
+# inputs of the text signatures of the models that take them (`RequestLanguages.inputs`):
+# the target's of a multilingual model, both of a many-to-many import (a bilingual export's
+# signatures are as above).
+TARGET_LANGUAGE, SOURCE_LANGUAGE = LANGUAGE_NAMES
 # What each translation must start with. `beam_search`: int32 [batch, len] target ids,
 # right-padded with 0, optional (rows past those given, as in the default, which has none,
 # are empty prefixes); `translate_with_prefix`: string [batch].
@@ -57,17 +60,20 @@ REQUIRED_INPUTS = {SERVING_DEFAULT: (SENTENCES,), WITH_PREFIX: (SENTENCES, TARGE
 TEXT_SIGNATURES = (SERVING_DEFAULT, WITH_PREFIX)  # strings in, translations out
 
 
-def signatures_of(multilingual):
-    """(`SIGNATURES`, `REQUIRED_INPUTS`) of an export: a multilingual model's text signatures
-    also take, and need, `TARGET_LANGUAGE`."""
-    if not multilingual:
-        return SIGNATURES, REQUIRED_INPUTS
-    signatures = {name: {**declared, "inputs": {**declared["inputs"],
-                                                 TARGET_LANGUAGE: ("string", 1)}}
+def signatures_of(language_inputs=()):
+    """(`SIGNATURES`, `REQUIRED_INPUTS`) of an export whose text signatures also take, and
+    need, `language_inputs` (`TARGET_LANGUAGE`, and `SOURCE_LANGUAGE` where the model takes
+    it; none for a bilingual model). A model that takes its source's language (a many-to-many
+    import) starts its targets with their language's token: its `beam_search` needs
+    `TARGET_PREFIX`, which holds that token."""
+    languages = {name: ("string", 1) for name in language_inputs}
+    signatures = {name: {**declared, "inputs": {**declared["inputs"], **languages}}
                   if name in TEXT_SIGNATURES else declared
                   for name, declared in SIGNATURES.items()}  # fmt: skip
-    required = {name: (*inputs, TARGET_LANGUAGE) if name in TEXT_SIGNATURES else inputs
+    required = {name: (*inputs, *language_inputs) if name in TEXT_SIGNATURES else inputs
                 for name, inputs in REQUIRED_INPUTS.items()}  # fmt: skip
+    if SOURCE_LANGUAGE in language_inputs:
+        required[BEAM_SEARCH] = (*required[BEAM_SEARCH], TARGET_PREFIX)
     return signatures, required
 
 

@@ -2,11 +2,15 @@
 
     python -m pipeline.evaluate --workdir DIR [--split test|valid|FILE] [--beam-size N]
         [--directions de-fr,fr-de] [any search flag of pipeline.translate]
+    python -m pipeline.evaluate --workdir runs/nllb --split test.tsv \
+        --source-language deu_Latn --target-language fra_Latn
 
 FILE is a TSV of source<TAB>reference. The report is printed and written to
 DIR/eval_<split>.json. With `--workdir` given again for each further model, an ensemble of
 one vocabulary is evaluated (`--weights`), into DIR/eval_<split>.ensemble-of-N.json of the
-first model's DIR.
+first model's DIR. An imported many-to-many model (M2M100, NLLB) is told the split's
+languages (`--source-language`, `--target-language`); its report has no perplexity (measured
+on pairs as the toolkit's own models take them).
 """
 
 import argparse
@@ -16,6 +20,7 @@ import sys
 from pathlib import Path
 
 from pipeline.core.errors import UserError, report_user_errors
+from pipeline.core.multilingual import LANGUAGE_NAMES
 from pipeline.decoding.search_options import add_search_arguments, search_arguments
 from pipeline.workdir import add_model_arguments
 
@@ -32,6 +37,10 @@ def parse_args(argv):
     parser.add_argument("--directions", help="a multilingual model: the directions of the split "
                         "to score, trained or not (zero-shot), as data.directions takes them "
                         "(default: the trained ones)")  # fmt: skip
+    for side in ("source", "target"):
+        parser.add_argument(f"--{side}-language", metavar="CODE",
+                            help=f"an imported many-to-many model: the split's {side} "
+                            "language, by the checkpoint's code")  # fmt: skip
     # Scored is each sentence's best translation: no n-best list.
     add_search_arguments(parser, exclude=("n_best",))
     return parser.parse_args(argv)
@@ -53,10 +62,13 @@ def _corpus(config, split, directions=None):
     return Path(split).name, read_tsv(split)
 
 
-def translate_split(loaded, split, batch_size=None, directions=None, **search):
+def translate_split(loaded, split, batch_size=None, directions=None, languages=(None, None),
+                    **search):  # fmt: skip
     """Translate a split with a trained model, `load_trained`'s (config, model, source
     tokenizer, target tokenizer), and its decode settings (overridden by `search`, any
-    `SearchOptions` field).
+    `SearchOptions` field); `languages`: the split's (source, target) languages, for a model
+    that is told them (a many-to-many import; `UserError` when one is missing or unknown, or
+    given to another model).
 
     Returns (name, corpus, hypotheses, options): `name` is the split's name.
     """
@@ -67,11 +79,28 @@ def translate_split(loaded, split, batch_size=None, directions=None, **search):
     name, corpus = _corpus(loaded[0], split, directions)
     translator = Translator.from_trained(loaded, batch_size, **search)
     options = translator.options
+    # The split's sources are as the model takes them (a multilingual one's, tagged), but for
+    # a model told their languages.
+    sources, prefixes = _requests(translator, corpus.sources, *languages)
     with tqdm(total=len(corpus), unit="sent", file=sys.stderr, desc=f"translating {name}") as bar:
-        # The split's sources are as the model takes them (a multilingual one's, tagged).
-        found = translator.hypotheses(corpus.sources, progress=bar.update)
+        found = translator.hypotheses(sources, prefixes, progress=bar.update)
     hypotheses = [best[0].text for best in found]
     return name, corpus, hypotheses, options
+
+
+def _requests(translator, sources, source_language, target_language):
+    """(sources, target prefixes) of a split for `translator`'s model."""
+    flags = ("--target-language", "--source-language")
+    if LANGUAGE_NAMES[1] not in translator.languages.inputs:
+        given = [f for f, v in zip(flags, (target_language, source_language)) if v is not None]
+        if given:
+            raise UserError(f"{given[0]}: this model is not told the languages of its split "
+                            "(only an imported many-to-many model is)")  # fmt: skip
+        return sources, None
+    return (
+        translator.requests(sources, target_language, source_language, flags, UserError),
+        translator.target_prefixes(sources, target_language, None, flags[0], UserError),
+    )
 
 
 @report_user_errors
@@ -89,18 +118,21 @@ def main(argv=None):
 
     loaded = load_ensemble(args.workdir, args.weights)
     config, model, source_tokenizer, target_tokenizer = loaded
+    languages = (args.source_language, args.target_language)
     name, corpus, hypotheses, options = translate_split(
-        loaded, args.split, args.batch_size, args.directions, **search
+        loaded, args.split, args.batch_size, args.directions, languages, **search
     )
     report = score_translations(hypotheses, corpus.targets)
     if corpus.directions:  # a multilingual model: a row a direction, the pooled figures above
         report["directions"] = score_directions(hypotheses, corpus)
         print(direction_table(report["directions"]), file=sys.stderr)
 
-    perplexity = corpus_perplexity(
-        model, corpus, source_tokenizer, target_tokenizer, config, name,
-        log=lambda message: print(message, file=sys.stderr),
-    )  # fmt: skip
+    perplexity = None
+    if not config["data"]["target_language_tokens"]:
+        perplexity = corpus_perplexity(
+            model, corpus, source_tokenizer, target_tokenizer, config, name,
+            log=lambda message: print(message, file=sys.stderr),
+        )  # fmt: skip
     if perplexity is not None:
         report["perplexity"] = round(perplexity[0], 3)
         report["perplexity_pairs"] = perplexity[1]

@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 
+from export.signature import TARGET_LANGUAGE
 from pipeline import translate
 from pipeline.config import PROJECT_ROOT, load_config
 from pipeline.core.errors import UserError
@@ -325,20 +326,20 @@ def test_the_rest_server_takes_a_target_language_and_names_what_it_refuses(expor
     try:
         body = {"instances": [{"sentences": s, "target_language": language}
                               for s, language in zip(SENTENCES, LANGUAGES)]}  # fmt: skip
-        prediction = rest_api.parse_predict(json.dumps(body).encode(), multilingual=True)
+        prediction = rest_api.parse_predict(json.dumps(body).encode(), (TARGET_LANGUAGE,))
         texts = outputs_of(prediction, service.submit(prediction).result(120))["translations"]
         runtime = OnnxTranslator(exported / "onnx")
         assert texts == runtime.translate(SENTENCES, target_language=LANGUAGES)
         with pytest.raises(rest_api.RequestError, match="object with 'sentences' and 'target_"):
-            rest_api.parse_predict(b'{"instances": ["Ein Hund."]}', multilingual=True)
-        unknown = rest_api.parse_predict(json.dumps({"inputs": {
-            "sentences": ["Ein Hund."], "target_language": ["pt"]}}).encode(), True)  # fmt: skip
+            rest_api.parse_predict(b'{"instances": ["Ein Hund."]}', (TARGET_LANGUAGE,))
+        unknown = json.dumps({"inputs": {"sentences": ["Ein Hund."], "target_language": ["pt"]}})
+        unknown = rest_api.parse_predict(unknown.encode(), (TARGET_LANGUAGE,))
         with pytest.raises(rest_api.RequestError, match="unknown language 'pt'") as refused:
             service.submit(unknown)
         assert refused.value.status == 400
     finally:
         service.close()
-    metadata = rest_api.model_metadata("translator", 1, multilingual=True)
+    metadata = rest_api.model_metadata("translator", 1, (TARGET_LANGUAGE,))
     inputs = metadata["metadata"]["signature_def"]["signature_def"]["serving_default"]["inputs"]
     assert set(inputs) == {"sentences", "target_language"}
     bilingual = rest_api.model_metadata("translator", 1)
@@ -353,7 +354,7 @@ def test_the_client_sends_a_target_language_in_both_protocols(exported):
     from export import client, rest_api
 
     body = client.translate_body(SENTENCES, "fr")
-    parsed = rest_api.parse_predict(json.dumps(body).encode(), multilingual=True)
+    parsed = rest_api.parse_predict(json.dumps(body).encode(), (TARGET_LANGUAGE,))
     assert parsed.inputs["target_language"] == ["fr"] * len(SENTENCES)
     assert client.translate_body(SENTENCES) == {"signature_name": "serving_default",
                                                 "instances": SENTENCES}  # fmt: skip

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import PROJECT_ROOT, run_python
+from helpers import PROJECT_ROOT, IdMap, run_python
 from pipeline.core.errors import UserError
 from pipeline.decoding.search import search
 from pipeline.decoding.search_options import SearchOptions
@@ -49,34 +49,6 @@ def test_safetensors_rows_are_read_as_indexing_the_whole_tensor_would():
     rows = np.array([5, 3, 3, 0, len(table) - 1, 4, 6, 7, 20, 19])
     assert weights.shape(name) == table.shape
     np.testing.assert_array_equal(weights.rows(name, rows), table[rows])
-
-
-class IdMap:
-    """The checkpoint's ids of a work directory's ids and back, from the pieces alone (an
-    independent reading of the convention `pipeline.pretrained.vocabulary` writes)."""
-
-    def __init__(self, tokenizer, table, config):
-        processor = tokenizer.processor
-        start = config.get("decoder_start_token_id", config["pad_token_id"])
-        specials = {1: table["<unk>"], 2: start, 3: config["eos_token_id"]}
-        self.to_checkpoint = {}
-        for i in range(processor.get_piece_size()):
-            piece = processor.id_to_piece(i)
-            if i in specials:
-                self.to_checkpoint[i] = specials[i]
-            elif i >= 4:
-                self.to_checkpoint[i] = table.get(piece, table.get(piece.lstrip("\u2581")))
-                if self.to_checkpoint[i] is None:
-                    self.to_checkpoint[i] = table["<unk>"]
-        self.to_ours = {}
-        for ours, theirs in sorted(self.to_checkpoint.items(), reverse=True):
-            self.to_ours[theirs] = ours  # the lowest of our ids for a checkpoint id
-
-    def checkpoint(self, ids):
-        return [self.to_checkpoint[i] for i in ids]
-
-    def ours(self, ids):
-        return [self.to_ours[i] for i in ids]
 
 
 def id_maps(name, workdir):

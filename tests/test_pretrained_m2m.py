@@ -5,13 +5,13 @@ tokenizer layouts and what transformers gave for them, each sentence with its so
 target language: tokenizer ids, logits for forced targets, greedy and beam ids."""
 
 import json
-import re
+import subprocess
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import PROJECT_ROOT
+from helpers import PROJECT_ROOT, IdMap, run_python
 from pipeline.core.errors import UserError
 from pipeline.decoding.search import search
 from pipeline.decoding.search_options import SearchOptions
@@ -23,7 +23,6 @@ from pipeline.workdir import load_trained
 FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "hf_m2m"
 NAMES = ("m2m100", "nllb")
 LOGIT_TOLERANCE = 1e-4
-ROW_PIECE = re.compile(r"<row(\d+)>")
 
 
 def expected(name):
@@ -44,35 +43,6 @@ def imported(tmp_path_factory):
 def checkpoint_table(name):
     """{token: id} as transformers' tokenizer has it, recorded by the fixture script."""
     return expected(name)["vocabulary"]
-
-
-class IdMap:
-    """The checkpoint's ids of a work directory's ids and back, by the pieces' names."""
-
-    def __init__(self, tokenizer, table, config):
-        processor = tokenizer.processor
-        specials = {1: table["<unk>"], 2: config["decoder_start_token_id"],
-                    3: config["eos_token_id"]}  # fmt: skip
-        self.to_checkpoint = {}
-        for i in range(processor.get_piece_size()):
-            piece = processor.id_to_piece(i)
-            if i in specials:
-                self.to_checkpoint[i] = specials[i]
-            elif i >= 4 and (row := ROW_PIECE.fullmatch(piece)):  # a row no token owns
-                self.to_checkpoint[i] = int(row[1])
-            elif i >= 4:
-                name = piece.split("@")[0] if "@" in piece else piece.lstrip("\u2581")
-                found = table.get(piece, table.get(name))
-                self.to_checkpoint[i] = table["<unk>"] if found is None else found
-        self.to_ours = {}
-        for ours, theirs in sorted(self.to_checkpoint.items(), reverse=True):
-            self.to_ours[theirs] = ours  # the lowest of our ids for a checkpoint id
-
-    def checkpoint(self, ids):
-        return [self.to_checkpoint[i] for i in ids]
-
-    def ours(self, ids):
-        return [self.to_ours[i] for i in ids]
 
 
 def id_map(name, workdir):
@@ -179,3 +149,202 @@ def test_an_unsupported_m2m_derivative_is_named(tmp_path):
     with pytest.raises(UserError, match="num_experts"):
         import_checkpoint(copy, tmp_path / "w", log=lambda _: None)
     assert not (tmp_path / "w").exists()
+
+
+@pytest.fixture(scope="module")
+def exported(imported, tmp_path_factory):
+    """Both imports exported as a SavedModel and to ONNX."""
+    from export.exporter import export_model
+
+    out = tmp_path_factory.mktemp("exported")
+    for name in NAMES:
+        export_model(imported[name], out / name, formats=("saved_model", "onnx"),
+                     log=lambda _: None)  # fmt: skip
+    return out
+
+
+def without_language_and_end(name, theirs):
+    """`generate()`'s ids less the forced language token, cut before </s>."""
+    eos = json.loads((FIXTURES / name / "config.json").read_text())["eos_token_id"]
+    theirs = theirs[1:]
+    return theirs[: theirs.index(eos)] if eos in theirs else theirs
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_onnx_runtime_gives_generates_ids_and_texts_in_mixed_directions(imported, exported, name):
+    from export.runtime import OnnxTranslator
+
+    case = expected(name)
+    ids = id_map(name, imported[name])
+    translator = OnnxTranslator(exported / name)
+    languages = {"target_language": case["target_languages"],
+                 "source_language": case["source_languages"]}  # fmt: skip
+    sources, prefixes = translator.encode_requests(case["sentences"], None, **languages)
+    hypotheses = translator.translate_ids(sources, prefixes, n_best=1)
+    assert [ids.checkpoint(h[0][0]) for h in hypotheses] == [
+        without_language_and_end(name, theirs) for theirs in case["beam_ids"]]  # fmt: skip
+    assert translator.translate(case["sentences"], **languages) == case["beam_texts"]
+    assert translator.request_languages.inputs == ("target_language", "source_language")
+    with pytest.raises(ValueError, match="give source_language"):
+        translator.translate(case["sentences"][:1], target_language=case["target_languages"][0])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_saved_model_gives_generates_texts_and_ids_in_tf_servings_loader(imported, exported,
+                                                                          name):  # fmt: skip
+    """TF Serving's loader: `serving_default` takes each sentence's source and target
+    language; `beam_search` takes ids, the target language's token as the prefix."""
+    case = expected(name)
+    ids = id_map(name, imported[name])
+    sources, prefixes = sources_and_prefixes(name, imported[name])
+    output = run_python(
+        "import json, sys\n"
+        "import tensorflow as tf, tensorflow_text\n"
+        "tf.compat.v1.disable_eager_execution()\n"
+        "sentences, targets, sources, source_ids, prefixes = map(json.loads, sys.argv[2:])\n"
+        "with tf.compat.v1.Session(graph=tf.Graph()) as session:\n"
+        "    meta = tf.compat.v1.saved_model.loader.load(session, ['serve'], sys.argv[1])\n"
+        "    text = meta.signature_def['serving_default']\n"
+        "    feed = {text.inputs['sentences'].name: sentences,\n"
+        "            text.inputs['target_language'].name: targets,\n"
+        "            text.inputs['source_language'].name: sources}\n"
+        "    texts = session.run(text.outputs['translations'].name, feed)\n"
+        "    search = meta.signature_def['beam_search']\n"
+        "    feed = {search.inputs['source_ids'].name: source_ids,\n"
+        "            search.inputs['target_prefix'].name: prefixes}\n"
+        "    found, lengths = session.run([search.outputs['ids'].name,\n"
+        "                                  search.outputs['lengths'].name], feed)\n"
+        "print(json.dumps({'texts': [t.decode() for t in texts],\n"
+        "                  'ids': [row[0, :n[0]].tolist() for row, n in zip(found, lengths)]}))\n",
+        exported / name / "saved_model" / "translator" / "1", json.dumps(case["sentences"]),
+        json.dumps(case["target_languages"]), json.dumps(case["source_languages"]),
+        json.dumps(sources.to_tensor(0).numpy().tolist()), json.dumps(prefixes.numpy().tolist()),
+    )  # fmt: skip
+    result = json.loads(output)
+    assert result["texts"] == case["beam_texts"]
+    assert [ids.checkpoint(row) for row in result["ids"]] == [
+        theirs[1:] for theirs in case["beam_ids"]]  # fmt: skip
+
+
+def test_the_saved_model_names_an_unknown_source_language(exported):
+    loaded = tf.saved_model.load(str(exported / "nllb" / "saved_model" / "translator" / "1"))
+    serve = loaded.signatures["serving_default"]
+    assert set(serve.structured_input_signature[1]) == {
+        "sentences", "target_language", "source_language"}  # fmt: skip
+    refusal = "source_language: an unknown language, or not one a sentence; this model translates "
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=refusal + "from ace_Arab, ace_Latn, .* and 190 more"):  # fmt: skip
+        serve(sentences=tf.constant(["Ein Hund."]), target_language=tf.constant(["fra_Latn"]),
+              source_language=tf.constant(["xx_Latn"]))  # fmt: skip
+
+
+def test_the_rest_server_takes_both_languages_and_names_what_it_refuses(exported):
+    from export import rest_api
+    from export.batching import BatchingParameters
+    from export.serve import TranslationService, outputs_of
+
+    case = expected("nllb")
+    service = TranslationService(exported / "nllb", BatchingParameters(num_batch_threads=1))
+    languages = service.translator.request_languages.inputs
+    try:
+        body = {"instances": [
+            {"sentences": s, "target_language": target, "source_language": source}
+            for s, target, source in zip(case["sentences"], case["target_languages"],
+                                         case["source_languages"])]}  # fmt: skip
+        prediction = rest_api.parse_predict(json.dumps(body).encode(), languages)
+        texts = outputs_of(prediction, service.submit(prediction).result(120))["translations"]
+        assert texts == case["beam_texts"]
+        with pytest.raises(rest_api.RequestError, match="needs the input 'source_language'"):
+            rest_api.parse_predict(json.dumps({"inputs": {
+                "sentences": ["Ein Hund."], "target_language": ["fra_Latn"]}}).encode(),
+                languages)  # fmt: skip
+        unknown = rest_api.parse_predict(json.dumps({"inputs": {
+            "sentences": ["Ein Hund."], "target_language": ["xx_Latn"],
+            "source_language": ["deu_Latn"]}}).encode(), languages)  # fmt: skip
+        with pytest.raises(rest_api.RequestError, match="unknown language 'xx_Latn'") as refused:
+            service.submit(unknown)
+        assert refused.value.status == 400
+    finally:
+        service.close()
+
+
+def by_direction(case):
+    """{(source language, target language): the indices of the sentences in that direction}."""
+    groups = {}
+    for index, direction in enumerate(zip(case["source_languages"], case["target_languages"])):
+        groups.setdefault(direction, []).append(index)
+    return groups
+
+
+def test_node_gives_generates_translations_in_the_direction_asked(exported):
+    from helpers import node_example
+
+    node, example = node_example("node")
+    case = expected("nllb")
+    for (source, target), indices in by_direction(case).items():
+        result = subprocess.run(
+            [node, "translate.mjs", str(exported / "nllb" / "onnx"),
+             *[case["sentences"][i] for i in indices], "--from", source, "--to", target],
+            cwd=example, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split("\n")[: len(indices)] == [case["beam_texts"][i] for i in indices]
+
+
+def test_the_page_gives_generates_translations_in_the_direction_chosen(exported):
+    from test_web_example import browser_tools, drive, serving
+
+    node, chromium = browser_tools()
+    case = expected("m2m100")
+    groups = by_direction(case)
+    with serving(node, exported / "m2m100" / "onnx") as address:
+        results = {
+            (source, target): drive(node, chromium, address,
+                                    [case["sentences"][i] for i in indices],
+                                    "--from", source, "--to", target)
+            for (source, target), indices in groups.items()
+        }  # fmt: skip
+    for direction, indices in groups.items():
+        assert results[direction].returncode == 0, results[direction].stderr
+        shown = [s["translation"] for s in json.loads(results[direction].stdout)]
+        assert shown == [case["beam_texts"][i] for i in indices]
+
+
+def test_evaluate_takes_the_splits_languages(imported, tmp_path, capsys):
+    """One direction of the fixture as a TSV split, its references what transformers gave:
+    BLEU 100; the languages are given to this model only."""
+    from pipeline import evaluate
+
+    case = expected("nllb")
+    (source, target), indices = next(iter(by_direction(case).items()))
+    split = tmp_path / "split.tsv"
+    split.write_text("".join(f"{case['sentences'][i]}\t{case['beam_texts'][i]}\n"
+                             for i in indices), encoding="utf-8")  # fmt: skip
+    evaluate.main(["--workdir", str(imported["nllb"]), "--split", str(split),
+                   "--source-language", source, "--target-language", target])  # fmt: skip
+    report = json.loads(capsys.readouterr().out)
+    assert report["bleu"] == 100.0 and "perplexity" not in report
+    with pytest.raises(SystemExit) as exit_status:
+        evaluate.main(["--workdir", str(imported["nllb"]), "--split", str(split),
+                       "--target-language", target])  # fmt: skip
+    assert exit_status.value.code == 2
+    assert "give --source-language" in capsys.readouterr().err
+
+
+def test_beam_search_needs_the_target_languages_token_as_its_prefix(exported):
+    """Every runtime that takes ids is told: ONNX Runtime's JavaScript packages would ignore or
+    refuse a prefix that had a default, so the export gives it none."""
+    import onnx
+
+    from export import rest_api
+    from export.runtime import OnnxTranslator
+    from export.signature import BEAM_SEARCH
+
+    translator = OnnxTranslator(exported / "nllb")
+    with pytest.raises(ValueError, match="target_prefix: this model's targets start with"):
+        translator.search([[5, 6, 3]])
+    model = onnx.load(str(exported / "nllb" / "onnx" / "model.onnx"), load_external_data=False)
+    assert "target_prefix" not in {tensor.name for tensor in model.graph.initializer}
+    body = json.dumps({"signature_name": BEAM_SEARCH, "inputs": {"source_ids": [[5, 6, 3]]}})
+    with pytest.raises(rest_api.RequestError, match="needs the input 'target_prefix'"):
+        rest_api.parse_predict(body.encode(), translator.request_languages.inputs)

@@ -2,10 +2,11 @@
 //
 //   npm install --ignore-scripts      # the CPU runtime ships in the package
 //   node translate.mjs EXPORT_DIR/onnx "Ein Hund läuft über eine Wiese." [--beam-size 5]
-//     [--length-penalty A] [--max-length N] [--to fr]
+//     [--length-penalty A] [--max-length N] [--to fr] [--from de]
 //
-// --to: the language a multilingual model translates into (model.json lists its languages
-// and their tags).
+// --to: the language a multilingual model translates into; --from: the language of the
+// sentences, for a model that takes it (an imported M2M100 or NLLB: their codes, such as
+// deu_Latn). model.json lists a model's languages and their tokens.
 // Prints one translation a line. Tokenisation uses the exported SentencePiece models (the
 // same files the Python runtime and the SavedModel use), so all three give the same ids.
 import fs from "node:fs";
@@ -20,13 +21,14 @@ function parseArgs(argv) {
     else if (argv[i] === "--length-penalty") args.options.length_penalty = Number(argv[++i]);
     else if (argv[i] === "--max-length") args.options.max_length = Number(argv[++i]);
     else if (argv[i] === "--to") args.to = argv[++i];
+    else if (argv[i] === "--from") args.from = argv[++i];
     else if (args.directory === undefined) args.directory = argv[i];
     else args.sentences.push(argv[i]);
   }
   if (args.directory === undefined || args.sentences.length === 0) {
     console.error(
       "usage: node translate.mjs EXPORT_DIR/onnx SENTENCE... " +
-        "[--beam-size K] [--length-penalty A] [--max-length N] [--to LANGUAGE]",
+        "[--beam-size K] [--length-penalty A] [--max-length N] [--to LANGUAGE] [--from LANGUAGE]",
     );
     process.exit(2);
   }
@@ -75,14 +77,22 @@ async function loadTranslator(directory) {
   return { metadata, session, source, target };
 }
 
+// Rows of ids as an int32 [rows, longest] tensor (at least one column), right-padded.
+function padded(rows, pad) {
+  const width = Math.max(1, ...rows.map((row) => row.length));
+  const data = new Int32Array(rows.length * width).fill(pad);
+  rows.forEach((row, i) => data.set(row, i * width));
+  return new ort.Tensor("int32", data, [rows.length, width]);
+}
+
 // One batch, right-padded; scalar options left out take the exported defaults.
-async function translate({ metadata, session, source, target }, sentences, options) {
+async function translate({ metadata, session, source, target }, { sentences, prefixes }, options) {
   const { pad, eos } = metadata.special_ids;
   const ids = sentences.map((s) => source.encodeIds(s).slice(0, metadata.max_source_length));
-  const width = Math.max(1, ...ids.map((row) => row.length));
-  const padded = new Int32Array(ids.length * width).fill(pad);
-  ids.forEach((row, i) => padded.set(row, i * width));
-  const feeds = { source_ids: new ort.Tensor("int32", padded, [ids.length, width]) };
+  const feeds = { source_ids: padded(ids, pad) };
+  if (prefixes !== null) {
+    feeds.target_prefix = padded(prefixes.map((prefix) => target.encodeIds(prefix)), pad);
+  }
   // Each option's dtype is in model.json (declared once, in export/signature.py).
   for (const [name, value] of Object.entries(options)) {
     const dtype = metadata.option_dtypes[name];
@@ -106,30 +116,46 @@ async function translate({ metadata, session, source, target }, sentences, optio
   });
 }
 
-// The sentences as the model takes them: a multilingual model's, each after the tag of the
-// language asked (a blank one stays blank); a bilingual model takes only its own language.
-function requests({ languages = {} }, sentences, to) {
-  const tags = languages.tags ?? {};
-  const known = Object.keys(tags).sort();
-  if (known.length === 0) {
-    if (to !== undefined && to !== languages.target) {
-      throw new Error(`--to: this model translates into ${languages.target ?? "one language"} only, not ${to}`);
-    }
-    return sentences;
+// The entry of `table` ({code: token}) for the language asked with `flag`.
+function languageToken(table, asked, flag, side) {
+  const known = Object.keys(table).sort();
+  const listed = known.length <= 12 ? known.join(", ")
+    : `${known.slice(0, 12).join(", ")} and ${known.length - 12} more (model.json lists them)`;
+  if (asked === undefined) throw new Error(`this model translates ${side} ${listed}: give ${flag}`);
+  if (!(asked in table)) {
+    throw new Error(`${flag}: unknown language '${asked}'; this model translates ${side} ${listed}`);
   }
-  if (to === undefined) throw new Error(`this model translates into ${known.join(", ")}: give --to`);
-  if (!(to in tags)) {
-    throw new Error(`--to: unknown language '${to}'; this model translates into ${known.join(", ")}`);
+  return table[asked];
+}
+
+// The sentences and target prefixes (null: none) as the model takes them, as every runtime
+// makes them: a multilingual model's sentences each after the tag of the language asked; an
+// imported many-to-many model's after its source language's token, its targets starting with
+// the target language's token (a blank sentence stays blank); a bilingual model takes only
+// its own language.
+function requests({ languages = {} }, sentences, to, from) {
+  const { tags = {}, source_tags: sourceTags = {}, target_tokens: targetTokens = {} } = languages;
+  const tagged = (tag) => sentences.map((s) => (s.trim() === "" ? s : `${tag} ${s}`));
+  if (Object.keys(sourceTags).length > 0) {
+    const tag = languageToken(sourceTags, from, "--from", "from");
+    const first = languageToken(targetTokens, to, "--to", "into");
+    return { sentences: tagged(tag), prefixes: sentences.map(() => first) };
   }
-  return sentences.map((s) => (s.trim() === "" ? s : `${tags[to]} ${s}`));
+  if (Object.keys(tags).length > 0) {
+    return { sentences: tagged(languageToken(tags, to, "--to", "into")), prefixes: null };
+  }
+  if (to !== undefined && to !== languages.target) {
+    throw new Error(`--to: this model translates into ${languages.target ?? "one language"} only, not ${to}`);
+  }
+  return { sentences, prefixes: null };
 }
 
 const args = parseArgs(process.argv.slice(2));
 let lines;
 try {
   const translator = await loadTranslator(args.directory);
-  const sentences = requests(translator.metadata, args.sentences, args.to);
-  lines = await translate(translator, sentences, args.options);
+  const asked = requests(translator.metadata, args.sentences, args.to, args.from);
+  lines = await translate(translator, asked, args.options);
 } catch (error) {
   console.error(`error: ${error.message}`);
   process.exit(2);

@@ -160,20 +160,21 @@ def _checked(asked, known, own_target, name, error):
         return asked
     for language in asked:
         if language is None:
-            raise error(f"this model translates {side} {_listed(known)}: give {name}")
+            raise error(f"this model translates {side} {listed(known)}: give {name}")
         if language not in known:
             raise error(f"{name}: unknown language {language!r}; this model translates {side} "
-                        f"{_listed(known)}")  # fmt: skip
+                        f"{listed(known)}")  # fmt: skip
     return asked
 
 
-def _listed(codes, shown=12):
+def listed(codes, shown=12):
     """The language `codes`, the first `shown` of a long list and where the others are."""
     codes = sorted(codes)
     if len(codes) <= shown:
         return ", ".join(codes)
     return (f"{', '.join(codes[:shown])} and {len(codes) - shown} more (their codes are the "
-            "checkpoint's own; the work directory's config.yaml lists them)")  # fmt: skip
+            "checkpoint's own; the work directory's config.yaml and the ONNX export's "
+            "model.json list them)")  # fmt: skip
 
 
 def source_language_tags(data):
@@ -199,6 +200,65 @@ def language_prefixes(sentences, languages_asked, tokens, target_prefix=None,
     return [f"{tokens[language]} {prefix}".strip() for language, prefix in zip(asked, own)]
 
 
+LANGUAGE_NAMES = ("target_language", "source_language")  # the arguments naming languages
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestLanguages:
+    """How a model is told the languages of a request, read from `model_languages`'s
+    description of it (the configuration's, or an ONNX export's model.json), so that every
+    Python runtime asks alike: a multilingual model takes its target's tag before the source
+    (`tags`); a bilingual one only checks a language asked against its own (`target`); a
+    many-to-many import takes its source language's token before the source (`source_tags`)
+    and its target language's token first in the target (`target_tokens`)."""
+
+    tags: dict
+    target: str | None
+    source_tags: dict
+    target_tokens: dict
+
+    @classmethod
+    def of(cls, description):
+        return cls(dict(description.get("tags", {})), description.get("target"),
+                   dict(description.get("source_tags", {})),
+                   dict(description.get("target_tokens", {})))  # fmt: skip
+
+    @property
+    def inputs(self):
+        """The language arguments a request gives (`LANGUAGE_NAMES`): none for a bilingual
+        model, the target's for a multilingual one, both for a many-to-many import."""
+        if self.source_tags:
+            return LANGUAGE_NAMES
+        return LANGUAGE_NAMES[:1] if self.tags else ()
+
+    @property
+    def source_side_tags(self):
+        """{code: tag} of the tags a source may start with."""
+        return self.source_tags or self.tags
+
+    def requests(self, sentences, target_language=None, source_language=None,
+                 names=LANGUAGE_NAMES, error=ValueError):  # fmt: skip
+        """`sentences` as the model takes them (`tag_requests`): tagged with their source
+        language for a many-to-many import, else their target language for a multilingual
+        model; a missing or unknown language raises `error` naming it as `names` (target's,
+        source's) do."""
+        if self.source_tags:
+            return tag_requests(list(sentences), source_language, self.source_tags, None,
+                                names[1], error)  # fmt: skip
+        return tag_requests(list(sentences), target_language, self.tags, self.target,
+                            names[0], error)  # fmt: skip
+
+    def target_prefixes(self, sentences, target_language=None, target_prefix=None,
+                        name=LANGUAGE_NAMES[0], error=ValueError):  # fmt: skip
+        """The target prefix of each sentence: `target_prefix` as it is, or for a model whose
+        targets start with their language's token, that token before it
+        (`language_prefixes`)."""
+        if not self.target_tokens:
+            return target_prefix
+        return language_prefixes(sentences, target_language, self.target_tokens,
+                                 target_prefix, name, error)  # fmt: skip
+
+
 def _as_list(languages_asked, sentences, error):
     if isinstance(languages_asked, str) or languages_asked is None:
         return [languages_asked] * len(sentences)
@@ -217,10 +277,15 @@ def model_languages(data):
     """{"source": code, "target": code}: each side's `data.<side>_language`, else the language
     suffix its training files all share (train.de.gz -> de); a side with neither is left out.
     A multilingual model: {"targets": the languages it translates into, "tags": {code: its
-    tag}} (an imported multi-target one has its source language too), so that a runtime in
-    another language needs no rule of its own."""
+    tag}} (an imported multi-target one has its source language too); a many-to-many import:
+    {"sources", "targets", "source_tags": {code: token}, "target_tokens": {code: token}}; so
+    that a runtime in another language needs no rule of its own (`RequestLanguages`)."""
     if is_multilingual(data):
         return {"targets": languages(data), "tags": language_tags(data)}
+    if data.get("target_language_tokens"):  # a many-to-many import: `RequestLanguages`
+        sources, targets = source_language_tags(data), target_language_tokens(data)
+        return {"sources": sorted(sources), "targets": sorted(targets), "source_tags": sources,
+                "target_tokens": targets}  # fmt: skip
     found = {"targets": sorted(data["language_tags"]), "tags": language_tags(data)} if data.get(
         "language_tags") else {}  # fmt: skip
     for side in ("source", "target"):

@@ -12,7 +12,6 @@ from pipeline.decoding.search import search
 from pipeline.decoding.search_options import SearchOptions
 
 __all__ = ["Hypothesis", "SearchOptions", "Translator", "replace_unknown"]
-LANGUAGE_NAMES = ("target_language", "source_language")  # the arguments naming languages
 
 
 @dataclasses.dataclass
@@ -47,16 +46,14 @@ class Translator:
     """
 
     def __init__(self, model, source_tokenizer, target_tokenizer, options, batch_size=64,
-                 languages=(), target_language=None, source_tags=(), target_tokens=()):  # fmt: skip
+                 languages=None):  # fmt: skip
         self.model = model
         self.source_tokenizer = source_tokenizer
         self.target_tokenizer = target_tokenizer
         self.options = options
         self.batch_size = batch_size
-        # A multilingual model's {language: tag}; a bilingual one's target language, if known.
-        self.languages, self.target_language = dict(languages), target_language
-        # A many-to-many import's {source language: tag} and {target language: first token}.
-        self.source_tags, self.target_tokens = dict(source_tags), dict(target_tokens)
+        # How requests name their languages (`multilingual.RequestLanguages`).
+        self.languages = languages or multilingual.RequestLanguages.of({})
         self._searches = {}  # SearchOptions -> its traced searches, without and with a prefix
 
     @classmethod
@@ -68,12 +65,8 @@ class Translator:
         config, model, source_tokenizer, target_tokenizer = trained
         search = SearchOptions.from_config(config["decode"], **options)
         batch_size = batch_size or config["decode"]["batch_size"]
-        data = config["data"]
-        return cls(model, source_tokenizer, target_tokenizer, search, batch_size,
-                   multilingual.language_tags(data),
-                   multilingual.model_languages(data).get("target"),
-                   multilingual.source_language_tags(data),
-                   multilingual.target_language_tokens(data))  # fmt: skip
+        languages = multilingual.RequestLanguages.of(multilingual.model_languages(config["data"]))
+        return cls(model, source_tokenizer, target_tokenizer, search, batch_size, languages)
 
     def _searchers(self, options):
         if options not in self._searches:
@@ -154,26 +147,13 @@ class Translator:
             )  # fmt: skip
         ]
 
-    def requests(self, sentences, target_language=None, source_language=None,
-                 names=LANGUAGE_NAMES, error=ValueError):  # fmt: skip
-        """`sentences` as the model takes them: tagged with their target language for a
-        multilingual model, or their source language for a many-to-many import
-        (`pipeline.core.multilingual.tag_requests`); a missing or unknown language raises
-        `error` naming it as `names` (target's, source's) do."""
-        if self.source_tags:
-            return multilingual.tag_requests(list(sentences), source_language, self.source_tags,
-                                             None, names[1], error)  # fmt: skip
-        return multilingual.tag_requests(list(sentences), target_language, self.languages,
-                                         self.target_language, names[0], error)  # fmt: skip
+    def requests(self, *args, **kwargs):
+        """`multilingual.RequestLanguages.requests` of this model."""
+        return self.languages.requests(*args, **kwargs)
 
-    def target_prefixes(self, sentences, target_language=None, target_prefix=None,
-                        name=LANGUAGE_NAMES[0], error=ValueError):  # fmt: skip
-        """The target prefix of each sentence: `target_prefix` as it is, or for a model whose
-        targets start with their language's token, that token before it."""
-        if not self.target_tokens:
-            return target_prefix
-        return multilingual.language_prefixes(sentences, target_language, self.target_tokens,
-                                              target_prefix, name, error)  # fmt: skip
+    def target_prefixes(self, *args, **kwargs):
+        """`multilingual.RequestLanguages.target_prefixes` of this model."""
+        return self.languages.target_prefixes(*args, **kwargs)
 
     def _hypothesis(self, source, ids, score, attention, options):
         ids = [token for token in ids.tolist() if token != PAD_ID]
@@ -183,7 +163,7 @@ class Translator:
         source_pieces = [self.source_tokenizer.processor.id_to_piece(i) for i in source]
         # A multilingual source's tag is the request, not the sentence: alignments, plots and
         # <unk> replacement see the sentence's pieces only.
-        tag = multilingual.leading_tag_pieces(source_pieces, self.source_tags or self.languages)
+        tag = multilingual.leading_tag_pieces(source_pieces, self.languages.source_side_tags)
         source_pieces, attention = source_pieces[tag:], attention[:, tag:]
         target_pieces = [self.target_tokenizer.processor.id_to_piece(i) for i in ids]
         if options.replace_unknown:

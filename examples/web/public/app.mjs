@@ -34,21 +34,32 @@ function showLanguages({ source, target }) {
   element("target-label").textContent = targetName ?? "Translation";
 }
 
-// A multilingual model: a menu of the languages it translates into, the header naming them.
-function showLanguageMenu(codes) {
-  const menu = element("target-language");
+// The menu of `side` ("source" or "target") offering `codes`, shown; its card's title names
+// the language chosen.
+function showMenu(side, codes, fallback) {
+  const menu = element(`${side}-language`);
   menu.replaceChildren(...codes.map((code) => {
     const option = node("option", languageName(code) ?? code);
     option.value = code;
     return option;
   }));
-  element("target-language-field").hidden = false;
-  element("languages").textContent = `into ${codes.map(languageName).join(", ")}`;
+  element(`${side}-language-field`).hidden = false;
   const label = () => {
-    element("target-label").textContent = languageName(menu.value) ?? "Translation";
+    element(`${side}-label`).textContent = languageName(menu.value) ?? fallback;
   };
   menu.addEventListener("change", label);
   label();
+}
+
+// A multilingual model: a menu of the languages it translates into (and, for a model that
+// takes it, of the source's), the header naming them, or counting them where they are many.
+function showLanguageMenus(targets, sources) {
+  const named = (codes) =>
+    codes.length <= 8 ? codes.map(languageName).join(", ") : `${codes.length} languages`;
+  showMenu("target", targets, "Translation");
+  if (sources.length > 0) showMenu("source", sources, "Source");
+  element("languages").textContent = sources.length > 0
+    ? `between ${named([...new Set([...sources, ...targets])])}` : `into ${named(targets)}`;
 }
 
 function node(tag, text, className) {
@@ -110,7 +121,12 @@ function readOptions() {
   if (!Number.isFinite(lengthPenalty) || lengthPenalty < 0) {
     throw new Error("The length penalty is a number from 0.");
   }
-  return { beamSize, lengthPenalty, targetLanguage: element("target-language").value };
+  return {
+    beamSize,
+    lengthPenalty,
+    targetLanguage: element("target-language").value,
+    sourceLanguage: element("source-language").value,
+  };
 }
 
 function describe({ sourcePieces, hypotheses, cutFrom }, milliseconds) {
@@ -162,7 +178,9 @@ async function start() {
   const seconds = ((performance.now() - startTime) / 1000).toFixed(1);
   modelDescription = `${translator.description} (opset ${metadata.opset}), loaded in ` +
     `${seconds} s · WebAssembly, ${threads} thread${threads === 1 ? "" : "s"}`;
-  if (translator.languages.length > 0) showLanguageMenu(translator.languages);
+  if (translator.languages.length > 0) {
+    showLanguageMenus(translator.languages, translator.sourceLanguages);
+  }
   else showLanguages(metadata.languages ?? {});
   // A greedy export has no beam options: the fields show what its search is, fixed.
   element("beam-size").value = metadata.defaults.beam_size ?? 1;

@@ -4,7 +4,8 @@
 // Why: the export gives each search option (beam_size, ...) a default as an initializer of
 // the same name, so that a caller may leave it out. ONNX Runtime Web lists only the inputs
 // without one and refuses a feed for any other input, so the page turns the options back
-// into plain inputs and always gives them all (model.json's defaults where it has no control).
+// into plain inputs and always gives them all (model.json's defaults where it has no control),
+// and the target prefix too for a model whose targets start with their language's token.
 
 // Field numbers in onnx.proto.
 const MODEL_GRAPH = 7; // ModelProto.graph

@@ -66,7 +66,9 @@ export class Translator {
       throw new Error("this export has no int8 model: export it with export.onnx_int8: true");
     }
     const modelFile = int8 ? metadata.int8_model : metadata.model;
-    const optionNames = Object.keys(metadata.defaults);
+    // A model whose targets start with their language's token is always given a prefix.
+    const takesPrefix = Object.keys(metadata.languages?.target_tokens ?? {}).length > 0;
+    const fedAlways = [...Object.keys(metadata.defaults), ...(takesPrefix ? ["target_prefix"] : [])];
     let modelBytes;
     // All settled, so that a missing file is reported in this order whatever loads first.
     const loaded = await Promise.allSettled([
@@ -74,7 +76,7 @@ export class Translator {
         const bytes = await fetchBytes(file);
         modelBytes = bytes.byteLength;
         // logSeverityLevel 3: target_prefix is an input with a default by design, not a problem.
-        return ort.InferenceSession.create(dropInitializers(bytes, optionNames), {
+        return ort.InferenceSession.create(dropInitializers(bytes, fedAlways), {
           executionProviders: ["wasm"],
           logSeverityLevel: 3,
         });
@@ -109,22 +111,35 @@ export class Translator {
     return this.metadata.search === "greedy";
   }
 
-  // The languages a multilingual model translates into ([] for a bilingual one), each with
-  // the tag that asks for it (model.json).
+  // The languages a multilingual model translates into ([] for a bilingual one), and those
+  // it translates from where it takes the source's too (an imported M2M100 or NLLB).
   get languages() {
-    return Object.keys(this.metadata.languages?.tags ?? {}).sort();
+    return this.metadata.languages?.targets ?? [];
   }
 
-  // `text` as the model takes it: after the tag of `targetLanguage` for a multilingual model
-  // (a blank text stays blank), as every other runtime puts it.
-  request(text, targetLanguage) {
-    if (this.languages.length === 0 || text.trim() === "") return text;
-    const tag = this.metadata.languages.tags[targetLanguage];
-    if (tag === undefined) {
-      throw new Error(`Unknown target language '${targetLanguage}': this model translates ` +
-        `into ${this.languages.join(", ")}.`);
-    }
-    return `${tag} ${text}`;
+  get sourceLanguages() {
+    return this.metadata.languages?.sources ?? [];
+  }
+
+  // `text` and its target prefix (null: none) as the model takes them, as every other runtime
+  // makes them: after the tag of `targetLanguage` for a multilingual model; after the token
+  // of `sourceLanguage`, the target starting with the token of `targetLanguage`, for a
+  // many-to-many import (a blank text stays blank).
+  request(text, targetLanguage, sourceLanguage) {
+    const { tags = {}, source_tags: sourceTags = {}, target_tokens: targetTokens = {} } =
+      this.metadata.languages ?? {};
+    const token = (table, code, side) => {
+      if (!(code in table)) {
+        throw new Error(`Unknown ${side} language '${code}': this model translates ` +
+          `${side === "source" ? "from" : "into"} ${Object.keys(table).sort().join(", ")}.`);
+      }
+      return table[code];
+    };
+    const many = Object.keys(sourceTags).length > 0;
+    const tag = many ? token(sourceTags, sourceLanguage, "source")
+      : Object.keys(tags).length > 0 ? token(tags, targetLanguage, "target") : null;
+    const prefix = many ? token(targetTokens, targetLanguage, "target") : null;
+    return { source: tag === null || text.trim() === "" ? text : `${tag} ${text}`, prefix };
   }
 
   // How many threads the WebAssembly backend runs on: more than one only where the page is
@@ -133,13 +148,15 @@ export class Translator {
     return ort.env.wasm.numThreads;
   }
 
-  // The n-best hypotheses of `text` (into `targetLanguage`, for a multilingual model), best first, each with its text, score, target pieces
-  // (</s> included where it ended) and attention rows over the source pieces. Sources are
-  // cut at max_source_length pieces, and an empty one gives no hypotheses (an empty
-  // translation), as in the Python runtime.
-  async translate(text, { beamSize, lengthPenalty, targetLanguage }) {
+  // The n-best hypotheses of `text` (into `targetLanguage`, from `sourceLanguage`, for a
+  // model that takes them), best first, each with its text, score, target pieces (</s>
+  // included where it ended) and attention rows over the source pieces. Sources are cut at
+  // max_source_length pieces, and an empty one gives no hypotheses (an empty translation),
+  // as in the Python runtime.
+  async translate(text, { beamSize, lengthPenalty, targetLanguage, sourceLanguage }) {
     const { pad, eos } = this.metadata.special_ids;
-    const allIds = this.source.encodeIds(this.request(text, targetLanguage));
+    const { source, prefix } = this.request(text, targetLanguage, sourceLanguage);
+    const allIds = this.source.encodeIds(source);
     const sourceIds = allIds.slice(0, this.metadata.max_source_length);
     const result = {
       sourcePieces: sourceIds.map((id) => this.sourcePieces[id]),
@@ -160,6 +177,10 @@ export class Translator {
     const feeds = {
       source_ids: new ort.Tensor("int32", Int32Array.from(sourceIds), [1, sourceIds.length]),
     };
+    if (prefix !== null) {
+      const prefixIds = this.target.encodeIds(prefix);
+      feeds.target_prefix = new ort.Tensor("int32", Int32Array.from(prefixIds), [1, prefixIds.length]);
+    }
     for (const [name, value] of Object.entries(options)) {
       const dtype = this.metadata.option_dtypes[name];
       const data = dtype === "float32" ? Float32Array.from([value]) : Int32Array.from([value]);

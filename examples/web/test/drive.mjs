@@ -2,7 +2,7 @@
 // Enter and reads what the page shows. Prints one JSON object per sentence, as a JSON array.
 //
 //   node test/drive.mjs URL --browser /usr/bin/chromium [--beam-size K] [--to LANGUAGE]
-//     [--screenshot PNG]
+//     [--from LANGUAGE] [--screenshot PNG]
 //     SENTENCE...
 //
 // puppeteer-core downloads no browser: --browser names the one to run. The screenshot is
@@ -15,6 +15,7 @@ function parseArgs(argv) {
     if (argv[i] === "--browser") args.browser = argv[++i];
     else if (argv[i] === "--beam-size") args.beamSize = argv[++i];
     else if (argv[i] === "--to") args.to = argv[++i];
+    else if (argv[i] === "--from") args.from = argv[++i];
     else if (argv[i] === "--screenshot") args.screenshot = argv[++i];
     else if (args.url === undefined) args.url = argv[i];
     else args.sentences.push(argv[i]);
@@ -84,6 +85,7 @@ try {
   await waitUntilReady(page, null);
   if (args.beamSize !== undefined) await setField(page, "#beam-size", args.beamSize);
   if (args.to !== undefined) await page.select("#target-language", args.to);
+  if (args.from !== undefined) await page.select("#source-language", args.from);
   const results = [];
   for (const sentence of args.sentences) {
     await setField(page, "#source", sentence);
