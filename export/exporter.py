@@ -45,14 +45,22 @@ def next_version(model_dir):
     return max(versions, default=0) + 1
 
 
+# A SavedModel's variables go to files of at most this size (TensorFlow's sharding policy), so
+# that a multi-gigabyte model is no single file to copy, store or serve.
+SAVED_MODEL_SHARD_BYTES = 1 << 30
+
+
 def export_saved_model(graph, output, model_name, version, log=print):
     model_dir = Path(output) / "saved_model" / model_name
     version = version or next_version(model_dir)
     target = model_dir / str(version)
     if target.exists():
         raise UserError(f"{target} already exists; pass another --version (or none for the next)")
+    sharding = tf.train.experimental.MaxShardSizePolicy(max_shard_size=SAVED_MODEL_SHARD_BYTES)
+    options = tf.saved_model.SaveOptions(experimental_sharding_callback=sharding)
+    signatures = graph.signatures()
     write_directory_atomically(
-        target, lambda tmp: tf.saved_model.save(graph, str(tmp), signatures=graph.signatures())
+        target, lambda tmp: tf.saved_model.save(graph, str(tmp), signatures, options)
     )
     missing = unsupported_ops(read_meta_graph(target).graph_def)
     if missing:

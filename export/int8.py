@@ -4,9 +4,10 @@ TensorFlow, so that benchmarks can quantise a graph beside a TensorFlow-free run
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
 
-def write_int8(source, target):
+def write_int8(source, target, external_data=False):
     """Quantises the weights of every MatMul, inside loops too, to int8 (activations are
-    quantised on the fly, per tensor)."""
-    quantize_dynamic(
-        source, target, weight_type=QuantType.QInt8, extra_options={"EnableSubgraph": True}
-    )
+    quantised on the fly, per tensor); `external_data`: the tensors go to a file beside
+    `target`, as `source`'s are beside it."""
+    quantize_dynamic(source, target, weight_type=QuantType.QInt8,
+                     extra_options={"EnableSubgraph": True},
+                     use_external_data_format=external_data)  # fmt: skip

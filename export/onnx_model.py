@@ -19,6 +19,7 @@ import shutil
 import numpy as np
 import onnx
 import tf2onnx
+from onnx import external_data_helper
 
 from export.int8 import write_int8
 from export.onnx_rewrites import optimise_loops
@@ -29,6 +30,11 @@ from pipeline.decoding.search_options import OPTIONS_BY_NAME
 MODEL_FILE = "model.onnx"
 INT8_MODEL_FILE = "model.int8.onnx"
 FORMAT_VERSION = 1
+# An ONNX file is one protocol buffer, which holds at most 2 GiB: a model with more weights than
+# this (the rewrites may add a tied embedding's transpose) keeps its tensors in a file beside
+# it, EXTERNAL_DATA_FILE (the int8 model in its own, named after it by ONNX Runtime).
+EXTERNAL_DATA_ABOVE_BYTES = 512 << 20
+EXTERNAL_DATA_FILE = "model.onnx.data"
 
 
 def _add_input_defaults(model, defaults, prefix_required=False):
@@ -81,6 +87,19 @@ def _reshape_pairs_merged_only_without_copied_dims():
         handlers[("Reshape",)] = merge
 
 
+@contextlib.contextmanager
+def _numpy_product_for_tf2onnx():
+    """tf2onnx's large-model path sizes tensors with `np.product`, which numpy 2 removed."""
+    missing = not hasattr(np, "product")
+    if missing:
+        np.product = np.prod
+    try:
+        yield
+    finally:
+        if missing:
+            del np.product
+
+
 def _erfc_as_one_minus_erf(graph, node, name, args):
     """ONNX has Erf but no Erfc, which TensorFlow's exact GELU uses: 1 - erf(x)."""
     from tf2onnx import utils
@@ -93,24 +112,52 @@ def _erfc_as_one_minus_erf(graph, node, name, args):
     graph.replace_inputs(complement, [one.output[0], output])
 
 
-def convert_to_onnx(function, opset):
-    """tf2onnx's conversion of a `tf.function` with an input signature. By default tf2onnx
-    runs each of its optimiser passes on a deep copy of the graph, to fall back on if the pass
-    fails, which costs the beam search's large graph much of the passes' time. The passes
-    run in place first, and on copies only if one of them fails."""
+def convert_to_onnx(function, opset, large=False):
+    """tf2onnx's conversion of a `tf.function` with an input signature; `large`: through its
+    large-model path, which freezes the weights past TensorFlow's own 2 GiB graph limit, its
+    tensors then held in the returned model (`_inlined`). By default tf2onnx runs each of its
+    optimiser passes on a deep copy of the graph, to fall back on if the pass fails, which
+    costs the beam search's large graph much of the passes' time. The passes run in place
+    first, and on copies only if one of them fails."""
     convert = functools.partial(
         tf2onnx.convert.from_function,
         function,
         input_signature=function.input_signature,
         opset=opset,
         custom_op_handlers={"Erfc": (_erfc_as_one_minus_erf, ())},
+        large_model=large,
     )
-    with _reshape_pairs_merged_only_without_copied_dims():
+    with _reshape_pairs_merged_only_without_copied_dims(), _numpy_product_for_tf2onnx():
         try:
             with _environment_variable(tf2onnx.constants.ENV_TF2ONNX_CATCH_ERRORS, "false"):
-                return convert()[0]
+                return _inlined(*convert())
         except Exception:  # a pass failed: tf2onnx skips it when it works on copies
-            return convert()[0]
+            return _inlined(*convert())
+
+
+def _inlined(model, external_tensors=None):
+    """`model` with the tensors tf2onnx's large-model path keeps apart (`external_tensors`)
+    back in it, so that the rewrites read them all; the file is split when saved."""
+    if external_tensors is not None:
+        stored = external_tensors.name_to_tensor_data
+        for tensor in external_data_helper._get_all_tensors(model):
+            if external_data_helper.uses_external_data(tensor):
+                location = next(e.value for e in tensor.external_data if e.key == "location")
+                tensor.raw_data = stored[location]
+                del tensor.external_data[:]
+                tensor.data_location = onnx.TensorProto.DEFAULT
+    return model
+
+
+def _save(model, path, external_data):
+    """Writes and checks `model` (over the protobuf limit: its tensors in EXTERNAL_DATA_FILE)."""
+    if not external_data:
+        onnx.checker.check_model(model)
+        onnx.save(model, str(path))
+        return
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=EXTERNAL_DATA_FILE, size_threshold=1024)  # fmt: skip
+    onnx.checker.check_model(str(path))  # by path: the checker reads the data file itself
 
 
 def write_onnx(graph, directory, vocabulary_paths, opset, int8=True, languages=None,
@@ -122,14 +169,18 @@ def write_onnx(graph, directory, vocabulary_paths, opset, int8=True, languages=N
     greedy = search == "greedy"
     function = graph.greedy_search() if greedy else graph.beam_search
     defaults = graph.greedy_defaults if greedy else graph.defaults
-    model = convert_to_onnx(function, opset)
+    external_data = graph.weight_bytes > EXTERNAL_DATA_ABOVE_BYTES
+    model = convert_to_onnx(function, opset, large=external_data)
     optimise_loops(model.graph)
     _add_input_defaults(model, defaults, graph.prefix_required)
     model.doc_string = f"Attentional encoder-decoder with {search} search (seq2seq-tf)"
-    onnx.checker.check_model(model)
-    onnx.save(model, str(directory / MODEL_FILE))
+    _save(model, directory / MODEL_FILE, external_data)
+    inputs, outputs = [n.name for n in model.graph.input], [n.name for n in model.graph.output]
+    del model  # before quantising: a large model's weights, held twice otherwise
     if int8:
-        write_int8(directory / MODEL_FILE, directory / INT8_MODEL_FILE)
+        write_int8(directory / MODEL_FILE, directory / INT8_MODEL_FILE, external_data)
+    for data in directory.glob("*.data"):  # written owner-only: as readable as the models
+        data.chmod(0o644)
     files = {}
     for side, path in zip(("source", "target"), vocabulary_paths):
         for suffix in (".model", ".vocab"):  # a shared vocabulary is copied once, as it is named
@@ -139,6 +190,8 @@ def write_onnx(graph, directory, vocabulary_paths, opset, int8=True, languages=N
         "format_version": FORMAT_VERSION,
         "model": MODEL_FILE,
         "int8_model": INT8_MODEL_FILE if int8 else None,
+        # The tensors are in files beside the models: a runtime loads them by path.
+        "external_data": external_data,
         **files,
         "languages": languages or {},
         "description": description or {},
@@ -148,8 +201,8 @@ def write_onnx(graph, directory, vocabulary_paths, opset, int8=True, languages=N
         "option_dtypes": {name: OPTIONS_BY_NAME[name].dtype for name in defaults},
         "max_source_length": graph.max_source_length,
         "max_length_cap": graph.max_length_cap,
-        "inputs": [node.name for node in model.graph.input],
-        "outputs": [node.name for node in model.graph.output],
+        "inputs": inputs,
+        "outputs": outputs,
         "opset": opset,
     }
     (directory / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")

@@ -68,7 +68,8 @@ def _read_bytes(path, what):
 
 def _read_once(directory, int8):
     """(metadata, model, source vocabulary, target vocabulary, the model's path): each file
-    of the export read once, as bytes."""
+    of the export read once, as bytes (the model None where its tensors are in a file beside
+    it: then ONNX Runtime reads it by path)."""
     metadata = read_metadata(directory)
     model_file = metadata["model"]
     if int8:
@@ -83,6 +84,11 @@ def _read_once(directory, int8):
         (directory / metadata["source_vocabulary"], "vocabulary"),
         (directory / metadata["target_vocabulary"], "vocabulary"),
     ]
+    if metadata.get("external_data"):  # ONNX Runtime reads the tensors beside it, by path
+        model_path = files.pop(0)[0]
+        if not model_path.is_file():
+            raise UnusableFileError(model_path, "ONNX model not found")
+        return (metadata, None, *(_read_bytes(path, what) for path, what in files), model_path)
     return (metadata, *(_read_bytes(path, what) for path, what in files), files[0][0])
 
 
@@ -149,7 +155,9 @@ class OnnxTranslator:
             model_path,
             "ONNX model",
             lambda: onnxruntime.InferenceSession(
-                model, options, providers=["CPUExecutionProvider"]
+                str(model_path) if model is None else model,
+                options,
+                providers=["CPUExecutionProvider"],
             ),
         )
         self.output_names = [output.name for output in self.session.get_outputs()]

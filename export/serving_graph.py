@@ -145,6 +145,7 @@ class TranslationGraph(tf.Module):
         super().__init__(name="translation")
         # The variables, not the model: see the module docstring.
         self.model_variables = [variable.value for variable in model.variables]
+        self.weight_bytes = sum(v.shape.num_elements() * v.dtype.size for v in self.model_variables)
         # Distinct names matter: the SentencePiece kernel shares its model resource by node
         # name, so two unnamed tokenizers restored from a SavedModel both get the first model.
         self.source_tokenizer = tf_text.SentencepieceTokenizer(

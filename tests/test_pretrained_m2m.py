@@ -151,16 +151,39 @@ def test_an_unsupported_m2m_derivative_is_named(tmp_path):
     assert not (tmp_path / "w").exists()
 
 
+# The NLLB fixture is exported as a multi-gigabyte model is: its SavedModel's variables in
+# shards, its ONNX models' tensors in files beside them.
+LARGE_EXPORT = "nllb"
+
+
 @pytest.fixture(scope="module")
 def exported(imported, tmp_path_factory):
-    """Both imports exported as a SavedModel and to ONNX."""
-    from export.exporter import export_model
+    """Both imports exported as a SavedModel and to ONNX (with int8)."""
+    from export import exporter, onnx_model
 
     out = tmp_path_factory.mktemp("exported")
     for name in NAMES:
-        export_model(imported[name], out / name, formats=("saved_model", "onnx"),
-                     log=lambda _: None)  # fmt: skip
+        with pytest.MonkeyPatch.context() as patch:
+            if name == LARGE_EXPORT:
+                patch.setattr(exporter, "SAVED_MODEL_SHARD_BYTES", 200_000)
+                patch.setattr(onnx_model, "EXTERNAL_DATA_ABOVE_BYTES", 0)
+            exporter.export_model(imported[name], out / name, formats=("saved_model", "onnx"),
+                                  log=lambda _: None)  # fmt: skip
     return out
+
+
+def test_a_large_models_export_is_split_as_its_formats_allow(exported):
+    """Beyond what one file may hold (a 2 GiB protobuf) or should (a multi-gigabyte variables
+    file): the ONNX models' tensors beside them, the SavedModel's variables in shards; the
+    runtimes that read them are the tests below."""
+    onnx_dir = exported / LARGE_EXPORT / "onnx"
+    assert json.loads((onnx_dir / "model.json").read_text())["external_data"]
+    for model in ("model.onnx", "model.int8.onnx"):
+        assert (onnx_dir / f"{model}.data").stat().st_size > 100_000, model
+    variables = exported / LARGE_EXPORT / "saved_model" / "translator" / "1" / "variables"
+    assert len(list(variables.glob("variables.data-*"))) > 1
+    assert not json.loads((exported / "m2m100" / "onnx" / "model.json").read_text())[
+        "external_data"]  # fmt: skip
 
 
 def without_language_and_end(name, theirs):
@@ -224,6 +247,18 @@ def test_the_saved_model_gives_generates_texts_and_ids_in_tf_servings_loader(imp
     assert result["texts"] == case["beam_texts"]
     assert [ids.checkpoint(row) for row in result["ids"]] == [
         theirs[1:] for theirs in case["beam_ids"]]  # fmt: skip
+
+
+def test_the_int8_model_beside_its_tensors_translates_in_mixed_directions(exported):
+    """int8 weights may move a translation: most of the fixture's stay as transformers'."""
+    from export.runtime import OnnxTranslator
+
+    case = expected(LARGE_EXPORT)
+    translator = OnnxTranslator(exported / LARGE_EXPORT, int8=True)
+    texts = translator.translate(case["sentences"], target_language=case["target_languages"],
+                                 source_language=case["source_languages"])  # fmt: skip
+    assert all(texts) and not any("_Latn" in text for text in texts)
+    assert sum(a == b for a, b in zip(texts, case["beam_texts"])) > len(texts) / 2
 
 
 def test_the_saved_model_names_an_unknown_source_language(exported):

@@ -62,6 +62,10 @@ export class Translator {
       throw new Error(`${new URL(url("model.json")).pathname}: no "${missing[0]}": export the ` +
         "model again (python -m export)");
     }
+    if (metadata.external_data) {
+      throw new Error("this export keeps its weights in files beside its models (it is over " +
+        "2 GB): too large for a page; export a smaller model for the browser");
+    }
     if (int8 && !metadata.int8_model) {
       throw new Error("this export has no int8 model: export it with export.onnx_int8: true");
     }
