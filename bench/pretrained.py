@@ -4,6 +4,7 @@ speed at OPUS-MT's base shape with the import's time and memory, and fine-tuning
     python bench/pretrained.py speed [--root runs/pretrained] [--rounds 3] [--threads 1,2]
     python bench/pretrained.py fine-tune [--root runs/pretrained] [--pretrain-steps 800]
         [--minutes 10]
+    python bench/pretrained.py size [--root runs/pretrained]
 
 The checkpoints are made by transformers in the venv of `bench/hf_fixtures.py` (`--hf-venv`,
 made when missing); torch never enters the project's environment.
@@ -28,6 +29,13 @@ of Multi30k de-en's training split stands for a pretrained checkpoint. It is imp
 scored on test_2016_flickr (`pipeline.evaluate`, the checkpoint's own search), fine-tuned for
 `--minutes` on the whole training split (`pipeline.train --init-from`), scored again; the
 import's ONNX export is scored with float32 and int8 weights.
+
+size: a random checkpoint of NLLB-200-distilled-600M's shape (12 + 12 layers, d_model 1024, 16
+heads, FFN 4096, 256,206 embedding rows; an NLLB tokenizer over a SentencePiece model trained
+on Multi30k, the rows past it unused) is imported (time, peak memory against the weights) and
+exported as a SavedModel and to ONNX with int8 (time, peak memory, the files written); each
+export then translates a sentence in a process of its own (ONNX Runtime float32 and int8,
+the SavedModel through TF Serving's session loader).
 """
 
 import argparse
@@ -511,7 +519,95 @@ def fine_tune(args):
         f"the import through ONNX Runtime: {float32} float32, {int8} int8")  # fmt: skip
 
 
+# --- size: NLLB-200-distilled-600M's shape -------------------------------------------------
+
+NLLB_600M = dict(
+    d_model=1024, encoder_layers=12, decoder_layers=12, encoder_attention_heads=16,
+    decoder_attention_heads=16, encoder_ffn_dim=4096, decoder_ffn_dim=4096, vocab_size=256_206,
+    max_position_embeddings=1024, scale_embedding=True, activation_function="relu",
+)  # fmt: skip
+NLLB_PIECES = 8000  # the SentencePiece model's; the embedding rows past it stay unused
+
+
+def write_nllb_checkpoint(directory):
+    """A random NLLB_600M checkpoint in the Hugging Face layout (in the transformers venv)."""
+    import tempfile
+
+    import hf_m2m_fixtures
+    from transformers import GenerationConfig, M2M100Config, M2M100ForConditionalGeneration
+
+    hf_fixtures.set_seed(SEED)
+    directory.mkdir(parents=True)
+    lines = [line for language in ("de", "en", "fr")
+             for line in hf_fixtures.read_lines("train", language, 10_000)]  # fmt: skip
+    with tempfile.TemporaryDirectory() as work:
+        work = Path(work)
+        hf_fixtures.train_spm(lines, NLLB_PIECES, work / "sentencepiece.bpe.model", "identity",
+                              work, model_type="bpe")  # fmt: skip
+        hf_m2m_fixtures.tokenizer_files("nllb", directory, work / "sentencepiece.bpe.model")
+    config = M2M100Config(pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                          decoder_start_token_id=2, **NLLB_600M)  # fmt: skip
+    model = M2M100ForConditionalGeneration(config)
+    log(f"{directory.name}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters")
+    model.generation_config = GenerationConfig(
+        num_beams=BEAM_SIZE, max_length=200, decoder_start_token_id=2, bos_token_id=0,
+        eos_token_id=2, pad_token_id=1,
+    )  # fmt: skip
+    model.save_pretrained(str(directory))
+
+
+SENTENCE = "Ein Hund läuft über eine Wiese."
+ONNX_CHECK = (
+    "import json, sys\n"
+    "from export.runtime import OnnxTranslator\n"
+    "for int8 in (False, True):\n"
+    "    t = OnnxTranslator(sys.argv[1], int8=int8)\n"
+    "    print('ONNX', 'int8' if int8 else 'float32', json.dumps(t.translate(\n"
+    "        [sys.argv[2]], target_language='fra_Latn', source_language='deu_Latn')))\n"
+)
+SAVED_MODEL_CHECK = (
+    "import sys\n"
+    "import tensorflow as tf, tensorflow_text\n"
+    "tf.compat.v1.disable_eager_execution()\n"
+    "with tf.compat.v1.Session(graph=tf.Graph()) as session:\n"
+    "    meta = tf.compat.v1.saved_model.loader.load(session, ['serve'], sys.argv[1])\n"
+    "    s = meta.signature_def['serving_default']\n"
+    "    feed = {s.inputs['sentences'].name: [sys.argv[2]],\n"
+    "            s.inputs['target_language'].name: ['fra_Latn'],\n"
+    "            s.inputs['source_language'].name: ['deu_Latn']}\n"
+    "    print('SavedModel', session.run(s.outputs['translations'].name, feed))\n"
+)
+
+
+def nllb_size(args):
+    """Import and export at NLLB-200-distilled-600M's shape (see the module's docstring)."""
+    source = args.root / "nllb-600m"
+    if not (source / "model.safetensors").exists():
+        shutil.rmtree(source, ignore_errors=True)
+        run([hf_python(args), __file__, "_nllb_checkpoint", source])
+    workdir = args.root / "nllb-600m-import"
+    weights = import_measured(source, workdir)["weights_mb"]
+    set_decode(workdir, max_length_cap=16)  # random weights: the checks translate a few tokens
+    seconds, peak = measured([sys.executable, "-m", "export", "--workdir", workdir,
+                              "--formats", "saved_model,onnx"])  # fmt: skip
+    log(f"export: {seconds:.0f} s, peak memory {peak:.0f} MB ({peak / weights:.2f}x the weights)")
+    for path in sorted((workdir / "export").rglob("*")):
+        if path.is_file() and path.stat().st_size > 1 << 20:
+            log(f"  {path.relative_to(workdir)}: {path.stat().st_size / 2**20:,.0f} MB")
+    seconds, peak = measured([sys.executable, "-c", ONNX_CHECK, workdir / "export", SENTENCE])
+    log(f"ONNX Runtime, float32 then int8 in one process: {seconds:.0f} s, peak {peak:.0f} MB")
+    saved_model = workdir / "export" / "saved_model" / "translator" / "1"
+    seconds, peak = measured([sys.executable, "-c", SAVED_MODEL_CHECK, saved_model, SENTENCE])
+    log(f"SavedModel, TF Serving's session loader: {seconds:.0f} s, peak {peak:.0f} MB")
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "_nllb_checkpoint":
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        write_nllb_checkpoint(Path(sys.argv[2]))
+        return
     if len(sys.argv) > 1 and sys.argv[1] == "_checkpoint":
         directory, shape, pieces, size, steps = sys.argv[2:]
         import transformers
@@ -524,7 +620,7 @@ def main():
         worker(engine, model_path, json.loads(source), int(threads))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("task", choices=("speed", "fine-tune"))
+    parser.add_argument("task", choices=("speed", "fine-tune", "size"))
     parser.add_argument("--root", type=Path, default=PROJECT_ROOT / "runs" / "pretrained")
     parser.add_argument(
         "--hf-venv",
@@ -547,7 +643,7 @@ def main():
     )
     parser.add_argument("--minutes", type=float, default=10, help="fine-tune: training time")
     args = parser.parse_args()
-    (speed if args.task == "speed" else fine_tune)(args)
+    {"speed": speed, "fine-tune": fine_tune, "size": nllb_size}[args.task](args)
 
 
 if __name__ == "__main__":

@@ -143,7 +143,7 @@ def _inlined(model, external_tensors=None):
         for tensor in external_data_helper._get_all_tensors(model):
             if external_data_helper.uses_external_data(tensor):
                 location = next(e.value for e in tensor.external_data if e.key == "location")
-                tensor.raw_data = stored[location]
+                tensor.raw_data = stored.pop(location)  # held once, not twice
                 del tensor.external_data[:]
                 tensor.data_location = onnx.TensorProto.DEFAULT
     return model

@@ -383,3 +383,16 @@ def test_beam_search_needs_the_target_languages_token_as_its_prefix(exported):
     body = json.dumps({"signature_name": BEAM_SEARCH, "inputs": {"source_ids": [[5, 6, 3]]}})
     with pytest.raises(rest_api.RequestError, match="needs the input 'target_prefix'"):
         rest_api.parse_predict(body.encode(), translator.request_languages.inputs)
+
+
+def test_what_is_not_supported_yet_is_refused_in_one_line(imported, tmp_path):
+    """CTranslate2's export and fine-tuning of these imports: refused before any work."""
+    from export.exporter import export_model
+    from pipeline.train import inherited_overrides
+
+    with pytest.raises(UserError, match="ctranslate2 does not hold a many-to-many import"):
+        export_model(imported["nllb"], tmp_path / "out", formats=("ctranslate2",),
+                     log=lambda _: None)  # fmt: skip
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(UserError, match="fine-tuning a many-to-many import"):
+        inherited_overrides(PROJECT_ROOT / "configs" / "smoke.yaml", [], imported["nllb"])
