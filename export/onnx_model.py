@@ -19,10 +19,10 @@ import shutil
 import numpy as np
 import onnx
 import tf2onnx
-from onnx import external_data_helper
 
-from export.int8 import write_int8
+from export.int8 import write_int8, write_int8_apart
 from export.onnx_rewrites import optimise_loops
+from export.serving_graph import WEIGHT_INPUT
 from export.signature import METADATA_FILE, TARGET_PREFIX
 from pipeline.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from pipeline.decoding.search_options import OPTIONS_BY_NAME
@@ -87,19 +87,6 @@ def _reshape_pairs_merged_only_without_copied_dims():
         handlers[("Reshape",)] = merge
 
 
-@contextlib.contextmanager
-def _numpy_product_for_tf2onnx():
-    """tf2onnx's large-model path sizes tensors with `np.product`, which numpy 2 removed."""
-    missing = not hasattr(np, "product")
-    if missing:
-        np.product = np.prod
-    try:
-        yield
-    finally:
-        if missing:
-            del np.product
-
-
 def _erfc_as_one_minus_erf(graph, node, name, args):
     """ONNX has Erf but no Erfc, which TensorFlow's exact GELU uses: 1 - erf(x)."""
     from tf2onnx import utils
@@ -112,40 +99,39 @@ def _erfc_as_one_minus_erf(graph, node, name, args):
     graph.replace_inputs(complement, [one.output[0], output])
 
 
-def convert_to_onnx(function, opset, large=False):
-    """tf2onnx's conversion of a `tf.function` with an input signature; `large`: through its
-    large-model path, which freezes the weights past TensorFlow's own 2 GiB graph limit, its
-    tensors then held in the returned model (`_inlined`). By default tf2onnx runs each of its
-    optimiser passes on a deep copy of the graph, to fall back on if the pass fails, which
-    costs the beam search's large graph much of the passes' time. The passes run in place
-    first, and on copies only if one of them fails."""
+def convert_to_onnx(function, opset):
+    """tf2onnx's conversion of a `tf.function` with an input signature. By default tf2onnx
+    runs each of its optimiser passes on a deep copy of the graph, to fall back on if the pass
+    fails, which costs the beam search's large graph much of the passes' time. The passes
+    run in place first, and on copies only if one of them fails."""
     convert = functools.partial(
         tf2onnx.convert.from_function,
         function,
         input_signature=function.input_signature,
         opset=opset,
         custom_op_handlers={"Erfc": (_erfc_as_one_minus_erf, ())},
-        large_model=large,
     )
-    with _reshape_pairs_merged_only_without_copied_dims(), _numpy_product_for_tf2onnx():
+    with _reshape_pairs_merged_only_without_copied_dims():
         try:
             with _environment_variable(tf2onnx.constants.ENV_TF2ONNX_CATCH_ERRORS, "false"):
-                return _inlined(*convert())
+                return convert()[0]
         except Exception:  # a pass failed: tf2onnx skips it when it works on copies
-            return _inlined(*convert())
+            return convert()[0]
 
 
-def _inlined(model, external_tensors=None):
-    """`model` with the tensors tf2onnx's large-model path keeps apart (`external_tensors`)
-    back in it, so that the rewrites read them all; the file is split when saved."""
-    if external_tensors is not None:
-        stored = external_tensors.name_to_tensor_data
-        for tensor in external_data_helper._get_all_tensors(model):
-            if external_data_helper.uses_external_data(tensor):
-                location = next(e.value for e in tensor.external_data if e.key == "location")
-                tensor.raw_data = stored.pop(location)  # held once, not twice
-                del tensor.external_data[:]
-                tensor.data_location = onnx.TensorProto.DEFAULT
+def _weights_as_initializers(model, variables):
+    """`model`, converted with the weights as its inputs `WEIGHT_INPUT` (`variables`' order),
+    with each of them an initializer instead, so that the process held the weights once
+    while tf2onnx converted a graph without them (freezing them, it held them several times
+    over: a 600M-parameter model outgrew 24 GiB)."""
+    weights = {WEIGHT_INPUT.format(i): variable for i, variable in enumerate(variables)}
+    read = [node for node in model.graph.input if node.name in weights]
+    for node in read:
+        array = np.asarray(weights[node.name].numpy())
+        model.graph.initializer.append(onnx.numpy_helper.from_array(array, node.name))
+    others = [node for node in model.graph.input if node.name not in weights]
+    del model.graph.input[:]
+    model.graph.input.extend(others)
     return model
 
 
@@ -167,10 +153,13 @@ def write_onnx(graph, directory, vocabulary_paths, opset, int8=True, languages=N
     requests name the model's languages (`multilingual.model_languages`); `description`:
     {"name", "type", "parameters"} of the model, for runtimes to show."""
     greedy = search == "greedy"
-    function = graph.greedy_search() if greedy else graph.beam_search
     defaults = graph.greedy_defaults if greedy else graph.defaults
     external_data = graph.weight_bytes > EXTERNAL_DATA_ABOVE_BYTES
-    model = convert_to_onnx(function, opset, large=external_data)
+    # A large model is converted without its weights, which join it as initializers after.
+    function = graph.search_function(greedy, with_weight_inputs=external_data)
+    model = convert_to_onnx(function, opset)
+    if external_data:
+        model = _weights_as_initializers(model, graph.weight_variables())
     optimise_loops(model.graph)
     _add_input_defaults(model, defaults, graph.prefix_required)
     model.doc_string = f"Attentional encoder-decoder with {search} search (seq2seq-tf)"
@@ -178,7 +167,8 @@ def write_onnx(graph, directory, vocabulary_paths, opset, int8=True, languages=N
     inputs, outputs = [n.name for n in model.graph.input], [n.name for n in model.graph.output]
     del model  # before quantising: a large model's weights, held twice otherwise
     if int8:
-        write_int8(directory / MODEL_FILE, directory / INT8_MODEL_FILE, external_data)
+        quantise = write_int8_apart if external_data else write_int8
+        quantise(directory / MODEL_FILE, directory / INT8_MODEL_FILE)
     for data in directory.glob("*.data"):  # written owner-only: as readable as the models
         data.chmod(0o644)
     files = {}

@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import inspect
 
+import keras
 import tensorflow as tf
 import tensorflow_text as tf_text
 
@@ -35,16 +36,23 @@ from pipeline.decoding.search_options import (
     exported_defaults,
 )
 
+WEIGHT_INPUT = "weight_{}"  # the model's i-th variable, as an input of `with_weight_inputs`
 
-def _search_signature(search, defaults, options=EXPORTED_OPTIONS, prefix_required=False):
+
+def _search_signature(search, defaults, options=EXPORTED_OPTIONS, prefix_required=False,
+                      variables=()):  # fmt: skip
     """`search(source_ids, target_prefix, **options)` as a `tf.function` whose inputs are
     `SOURCE_IDS`, `TARGET_PREFIX` (default: none, unless `prefix_required`) and `options`,
     each with its default (a tensor default becomes the SignatureDef's default, so that a
-    request may leave the input out)."""
+    request may leave the input out). With `variables` (the model's), each is read from an
+    input of its own, `WEIGHT_INPUT`, before the others (`keras.StatelessScope`): a graph
+    without the weights, whatever their size."""
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
     no_prefix = inspect.Parameter.empty if prefix_required else tf.zeros([0, 0], tf.int32)
+    weight_names = [WEIGHT_INPUT.format(i) for i in range(len(variables))]
     signature = inspect.Signature(
-        [
+        [inspect.Parameter(name, kind) for name in weight_names]
+        + [
             inspect.Parameter(SOURCE_IDS, kind),
             inspect.Parameter(TARGET_PREFIX, kind, default=no_prefix),
         ]
@@ -54,13 +62,19 @@ def _search_signature(search, defaults, options=EXPORTED_OPTIONS, prefix_require
     def search_with_options(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        return search(**bound.arguments)
+        weights = [bound.arguments.pop(name) for name in weight_names]
+        with keras.StatelessScope(state_mapping=list(zip(variables, weights))):
+            return search(**bound.arguments)
 
     search_with_options.__signature__ = signature
-    input_signature = [
-        tf.TensorSpec([None, None], tf.int32, name=SOURCE_IDS),
-        tf.TensorSpec([None, None], tf.int32, name=TARGET_PREFIX),
-    ] + [tf.TensorSpec([], o.dtype, name=o.name) for o in options]
+    input_signature = (
+        [tf.TensorSpec(v.shape, v.dtype, name=n) for v, n in zip(variables, weight_names)]
+        + [
+            tf.TensorSpec([None, None], tf.int32, name=SOURCE_IDS),
+            tf.TensorSpec([None, None], tf.int32, name=TARGET_PREFIX),
+        ]
+        + [tf.TensorSpec([], o.dtype, name=o.name) for o in options]
+    )
     return tf.function(search_with_options, input_signature=input_signature)
 
 
@@ -191,10 +205,22 @@ class TranslationGraph(tf.Module):
         # A model whose targets start with their language's token needs that token as the
         # prefix of `beam_search` (the text signatures make it from the language asked).
         self.prefix_required = model.target_language_first
-        self.greedy_search = lambda: _search_signature(
-            functools.partial(search, base=greedy), self.greedy_defaults, GREEDY_EXPORTED_OPTIONS,
-            self.prefix_required,
-        )  # fmt: skip
+        variables = list(model.variables)
+
+        def search_function(greedy_only=False, with_weight_inputs=False):
+            """`beam_search`, or with `greedy_only` `greedy_search` (ONNX only), as a new
+            `tf.function`; `with_weight_inputs`: the model's variables as its first inputs
+            (`WEIGHT_INPUT`, in `weight_variables`' order)."""
+            return _search_signature(
+                functools.partial(search, base=greedy) if greedy_only else search,
+                self.greedy_defaults if greedy_only else defaults,
+                GREEDY_EXPORTED_OPTIONS if greedy_only else EXPORTED_OPTIONS,
+                self.prefix_required, variables if with_weight_inputs else (),
+            )  # fmt: skip
+
+        self.search_function = search_function
+        self.weight_variables = lambda: variables
+        self.greedy_search = lambda: search_function(greedy_only=True)
 
         def translate_text(sentences, target_prefix):
             pieces = self.source_tokenizer.tokenize(sentences)[:, :max_source_length]
@@ -232,7 +258,7 @@ class TranslationGraph(tf.Module):
 
         translate, translate_with_prefix = text_signature(False), text_signature(True)
 
-        self.beam_search = _search_signature(search, defaults, prefix_required=self.prefix_required)
+        self.beam_search = search_function()
         self.translate = translate
         self.translate_with_prefix = translate_with_prefix
 
