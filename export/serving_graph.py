@@ -125,6 +125,39 @@ def _requests(languages):
     return requests
 
 
+def _within_range(option, value):
+    """A request's `value` of a search `option`, clipped to the option's declared range."""
+    value = tf.convert_to_tensor(value, option.dtype)
+    if option.minimum is not None:
+        value = tf.maximum(value, tf.cast(option.minimum, option.dtype))
+    maximum = option.request_maximum if option.maximum is None else option.maximum
+    if maximum is not None:
+        value = tf.minimum(value, tf.cast(maximum, option.dtype))
+    return value
+
+
+def _text_signature(translate_text, languages, with_prefix):
+    """`translate` (`with_prefix`: `translate_with_prefix`) as a `tf.function` of the
+    sentences, the prefixes and the model's language inputs (`languages.inputs`), in that
+    order, the requests made as `_requests` makes them, then `translate_text(sentences,
+    target_prefix)`."""
+    requests = _requests(languages)
+    specs = [tf.TensorSpec([None], tf.string, name=SENTENCES)]
+    specs += [tf.TensorSpec([None], tf.string, name=TARGET_PREFIX)] * with_prefix
+    specs += [tf.TensorSpec([None], tf.string, name=n) for n in languages.inputs]
+
+    @tf.function(input_signature=specs)
+    def translate(sentences, *inputs):
+        target_prefix = inputs[0] if with_prefix else None
+        asked = dict(zip(languages.inputs, inputs[with_prefix:]))
+        sentences, target_prefix = requests(sentences, target_prefix, asked)
+        if target_prefix is None:
+            target_prefix = tf.constant([], tf.string)
+        return translate_text(sentences, target_prefix)
+
+    return translate
+
+
 class TranslationGraph(tf.Module):
     """Signatures of a trained model, with the decoding defaults of its configuration.
 
@@ -178,22 +211,13 @@ class TranslationGraph(tf.Module):
         def within_vocabulary(ids, size):
             return tf.where(tf.logical_and(ids >= 0, ids < size), ids, UNK_ID)
 
-        def within_range(option, value):
-            value = tf.convert_to_tensor(value, option.dtype)
-            if option.minimum is not None:
-                value = tf.maximum(value, tf.cast(option.minimum, option.dtype))
-            maximum = option.request_maximum if option.maximum is None else option.maximum
-            if maximum is not None:
-                value = tf.minimum(value, tf.cast(maximum, option.dtype))
-            return value
-
         def search(source_ids, target_prefix, base=configured, **options):
             # Requests are untrusted: ids outside the vocabulary read as <unk>, long sources
             # and prefixes are cut, and each option is clipped to its declared range.
             source_ids = within_vocabulary(source_ids, source_vocab_size)[:, :max_source_length]
             target_prefix = within_vocabulary(target_prefix, target_vocab_size)[:, : cap - 1]
             options = dataclasses.replace(base, **{
-                name: within_range(OPTIONS_BY_NAME[name], value)
+                name: _within_range(OPTIONS_BY_NAME[name], value)
                 for name, value in options.items()
             })  # fmt: skip
             outputs = run_search(model, source_ids, options, target_prefix)
@@ -236,31 +260,9 @@ class TranslationGraph(tf.Module):
             }
 
         languages = languages or multilingual.RequestLanguages.of({})
-        requests = _requests(languages)
-        language_specs = [tf.TensorSpec([None], tf.string, name=n) for n in languages.inputs]
-
-        def text_signature(with_prefix):
-            """`translate` (`with_prefix`: `translate_with_prefix`) as a `tf.function` of the
-            sentences, the prefixes and the model's language inputs, in that order."""
-            specs = [tf.TensorSpec([None], tf.string, name=SENTENCES)]
-            specs += [tf.TensorSpec([None], tf.string, name=TARGET_PREFIX)] * with_prefix
-
-            @tf.function(input_signature=specs + language_specs)
-            def translate(sentences, *inputs):
-                target_prefix = inputs[0] if with_prefix else None
-                asked = dict(zip(languages.inputs, inputs[with_prefix:]))
-                sentences, target_prefix = requests(sentences, target_prefix, asked)
-                if target_prefix is None:
-                    target_prefix = tf.constant([], tf.string)
-                return translate_text(sentences, target_prefix)
-
-            return translate
-
-        translate, translate_with_prefix = text_signature(False), text_signature(True)
-
         self.beam_search = search_function()
-        self.translate = translate
-        self.translate_with_prefix = translate_with_prefix
+        self.translate = _text_signature(translate_text, languages, with_prefix=False)
+        self.translate_with_prefix = _text_signature(translate_text, languages, with_prefix=True)
 
     def signatures(self):
         return {

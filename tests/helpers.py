@@ -208,3 +208,11 @@ class IdMap:
 
     def ours(self, ids):
         return [self.to_ours[i] for i in ids]
+
+
+def indices_by(keys):
+    """{key: the indices where it stands in `keys`}, in order of first appearance."""
+    groups = {}
+    for index, key in enumerate(keys):
+        groups.setdefault(key, []).append(index)
+    return groups

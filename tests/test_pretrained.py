@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import PROJECT_ROOT, IdMap, run_python
+from helpers import PROJECT_ROOT, IdMap, indices_by, run_python
 from pipeline.core.errors import UserError
 from pipeline.decoding.search import search
 from pipeline.decoding.search_options import SearchOptions
@@ -238,10 +238,7 @@ def test_a_model_whose_biases_are_zeros_translates_alike_through_onnx(imported, 
 
 def by_language(case):
     """{target language: the indices of the fixture's sentences translated into it}."""
-    groups = {}
-    for index, language in enumerate(case["target_languages"]):
-        groups.setdefault(language, []).append(index)
-    return groups
+    return indices_by(case["target_languages"])
 
 
 def test_node_gives_generates_translations_into_the_language_asked(exported):
@@ -261,21 +258,14 @@ def test_node_gives_generates_translations_into_the_language_asked(exported):
 
 
 def test_the_page_gives_generates_translations_into_the_language_chosen(exported):
-    from test_web_example import browser_tools, drive, serving
+    from test_web_example import page_translations
 
-    node, chromium = browser_tools()
     case = expected("multi_target")
-    groups = by_language(case)
-    with serving(node, exported / "multi_target" / "onnx") as address:
-        results = {
-            language: drive(node, chromium, address,
-                            [case["sentences"][i] for i in indices], "--to", language)
-            for language, indices in groups.items()
-        }  # fmt: skip
-    for language, indices in groups.items():
-        assert results[language].returncode == 0, results[language].stderr
-        shown = [s["translation"] for s in json.loads(results[language].stdout)]
-        assert shown == [case["beam_texts"][i] for i in indices]
+    runs = {language: (indices, ["--to", language])
+            for language, indices in by_language(case).items()}  # fmt: skip
+    shown = page_translations(exported / "multi_target" / "onnx", case["sentences"], runs)
+    for language, (indices, _) in runs.items():
+        assert shown[language] == [case["beam_texts"][i] for i in indices]
 
 
 def test_ctranslate2_greedy_search_gives_generates_ids(imported, exported):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import PROJECT_ROOT, IdMap, run_python
+from helpers import PROJECT_ROOT, IdMap, indices_by, run_python
 from pipeline.core.errors import UserError
 from pipeline.decoding.search import search
 from pipeline.decoding.search_options import SearchOptions
@@ -305,10 +305,7 @@ def test_the_rest_server_takes_both_languages_and_names_what_it_refuses(exported
 
 def by_direction(case):
     """{(source language, target language): the indices of the sentences in that direction}."""
-    groups = {}
-    for index, direction in enumerate(zip(case["source_languages"], case["target_languages"])):
-        groups.setdefault(direction, []).append(index)
-    return groups
+    return indices_by(zip(case["source_languages"], case["target_languages"]))
 
 
 def test_node_gives_generates_translations_in_the_direction_asked(exported):
@@ -327,22 +324,14 @@ def test_node_gives_generates_translations_in_the_direction_asked(exported):
 
 
 def test_the_page_gives_generates_translations_in_the_direction_chosen(exported):
-    from test_web_example import browser_tools, drive, serving
+    from test_web_example import page_translations
 
-    node, chromium = browser_tools()
     case = expected("m2m100")
-    groups = by_direction(case)
-    with serving(node, exported / "m2m100" / "onnx") as address:
-        results = {
-            (source, target): drive(node, chromium, address,
-                                    [case["sentences"][i] for i in indices],
-                                    "--from", source, "--to", target)
-            for (source, target), indices in groups.items()
-        }  # fmt: skip
-    for direction, indices in groups.items():
-        assert results[direction].returncode == 0, results[direction].stderr
-        shown = [s["translation"] for s in json.loads(results[direction].stdout)]
-        assert shown == [case["beam_texts"][i] for i in indices]
+    runs = {(source, target): (indices, ["--from", source, "--to", target])
+            for (source, target), indices in by_direction(case).items()}  # fmt: skip
+    shown = page_translations(exported / "m2m100" / "onnx", case["sentences"], runs)
+    for direction, (indices, _) in runs.items():
+        assert shown[direction] == [case["beam_texts"][i] for i in indices]
 
 
 def test_evaluate_takes_the_splits_languages(imported, tmp_path, capsys):

@@ -50,6 +50,19 @@ def serving(node, directory):
         server.wait(timeout=10)
 
 
+def page_translations(directory, sentences, runs):
+    """{key: the translations the page shows for `sentences[i]` of each index, driven with its
+    options} of `runs` ({key: (indices, options)}), all on one page serving `directory`."""
+    node, chromium = browser_tools()
+    shown = {}
+    with serving(node, directory) as address:
+        for key, (indices, options) in runs.items():
+            result = drive(node, chromium, address, [sentences[i] for i in indices], *options)
+            assert result.returncode == 0, result.stderr
+            shown[key] = [s["translation"] for s in json.loads(result.stdout)]
+    return shown
+
+
 def drive(node, chromium, address, sentences, *options):
     """Runs test/drive.mjs: the page's results for `sentences`, typed one by one."""
     return subprocess.run(
