@@ -1,7 +1,9 @@
-"""Imported OPUS-MT (Marian) checkpoints against transformers and CTranslate2: translation
-speed at OPUS-MT's base shape with the import's time and memory, and fine-tuning an import.
+"""Imported checkpoints against transformers and CTranslate2: translation speed at OPUS-MT's
+base shape and NLLB-200-distilled-600M's with the import's time and memory, fine-tuning an
+import, and the import and export of NLLB's shape.
 
-    python bench/pretrained.py speed [--root runs/pretrained] [--rounds 3] [--threads 1,2]
+    python bench/pretrained.py speed [--model opus-mt-base|nllb-600m] [--root runs/pretrained]
+        [--rounds 3] [--threads 1,2]
     python bench/pretrained.py fine-tune [--root runs/pretrained] [--pretrain-steps 800]
         [--minutes 10]
     python bench/pretrained.py size [--root runs/pretrained]
@@ -9,19 +11,23 @@ speed at OPUS-MT's base shape with the import's time and memory, and fine-tuning
 The checkpoints are made by transformers in the venv of `bench/hf_fixtures.py` (`--hf-venv`,
 made when missing); torch never enters the project's environment.
 
-speed: a random `MarianMTModel` of OPUS-MT's base shape (6 + 6 layers, d_model 512, 8 heads,
-FFN 2048, swish, one tied 58,101-row vocabulary: the pieces of SentencePiece models trained on
-Multi30k, then unused filler tokens). `python -m pipeline.import_model` imports it (its wall
-time and peak resident memory, against the checkpoint's size and the same import of a tiny
-checkpoint); `python -m export` writes the SavedModel and ONNX float32 and int8;
-`ct2-transformers-converter` converts the checkpoint for CTranslate2. Each engine then runs in
-a process of its own, loaded once, and the rounds take the engines in turn (the order rotating
-each round): beam 4, sources of 20 tokens (19 pieces and </s>), exactly 30 target tokens
-(min = max length: with random weights, every engine does the same steps), batch 1 and 32,
-once for each of `--threads` (an engine's fastest thread count differs between engines and
-machines: CTranslate2 int8 can be slower on two threads than on one). Prints each engine's
-best time per batch over the rounds and thread counts, the thread count that gave it, and its
-speed against transformers and against CTranslate2 int8.
+speed: a random checkpoint of `--model`'s shape: opus-mt-base, a `MarianMTModel` of OPUS-MT's
+base shape (6 + 6 layers, d_model 512, 8 heads, FFN 2048, swish, one tied 58,101-row
+vocabulary: the pieces of SentencePiece models trained on Multi30k, then unused filler tokens),
+or nllb-600m, size's NLLB checkpoint below (from deu_Latn into fra_Latn: each engine is given
+the source language's token and forces the target language's first). `python -m
+pipeline.import_model` imports it (its wall time and peak resident memory, against the
+checkpoint's size and the same import of a tiny checkpoint); `python -m export` writes the
+SavedModel and ONNX float32 and int8 (once: later runs reuse it); `ct2-transformers-converter`
+converts the checkpoint for CTranslate2. Each engine then runs in a process of its own, loaded
+once, and the rounds take the engines in turn (the order rotating each round): beam 4, sources
+of 20 tokens (19 pieces and </s>, after the language's token), exactly 30 target tokens (min =
+max length: with random weights, every engine does the same steps; the forced language token
+is one more), batch 1 and 32 (nllb-600m: 16), for each of `--threads` in turn (an engine's
+fastest thread count differs between engines and machines: CTranslate2 int8 can be slower on
+two threads than on one). Prints each engine's best time per batch over the rounds and thread
+counts, the thread count that gave it, and its speed against transformers and against
+CTranslate2 int8.
 
 fine-tune: a small Marian model (3 + 3 layers, d_model 256, swish, SentencePiece models of
 6,000 pieces) trained by transformers for `--pretrain-steps` steps on the first 10,000 pairs
@@ -33,8 +39,8 @@ import's ONNX export is scored with float32 and int8 weights.
 size: a random checkpoint of NLLB-200-distilled-600M's shape (12 + 12 layers, d_model 1024, 16
 heads, FFN 4096, 256,206 embedding rows; an NLLB tokenizer over a SentencePiece model trained
 on Multi30k, the rows past it unused) is imported (time, peak memory against the weights) and
-exported as a SavedModel and to ONNX, float32 only (time, peak memory, the files written); each
-export then translates a sentence in a process of its own (ONNX Runtime, the SavedModel
+exported as a SavedModel and to ONNX, float32 and int8 (time, peak memory, the files written);
+each export then translates a sentence in a process of its own (ONNX Runtime, the SavedModel
 through TF Serving's session loader).
 """
 
@@ -65,10 +71,9 @@ BASE_PIECES = 6000  # each side's SentencePiece model; the rest of the vocabular
 SOURCE_PIECES = 19  # and </s>: 20 source tokens
 TARGET_TOKENS = 30
 BEAM_SIZE = 4
-BATCHES = (1, 32)
 # An import's memory whatever the checkpoint, measured on the smallest test fixture.
 FIXED_COST_CHECKPOINT = PROJECT_ROOT / "tests" / "fixtures" / "hf_marian" / "shared_tied_swish"
-REPEATS = {1: 3, 32: 1}  # timings a batch size takes in each engine's turn
+REPEATS = {1: 3, 16: 1, 32: 1}  # timings a batch size takes in each engine's turn
 
 SMALL_SHAPE = dict(
     d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
@@ -226,19 +231,25 @@ def export(workdir, formats="saved_model,onnx"):
 
 def transformers_engine(model_path, source, threads):
     import torch
-    from transformers import MarianMTModel
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     torch.set_num_threads(threads)
-    model = MarianMTModel.from_pretrained(str(model_path)).eval()
-    vocab = json.loads((Path(model_path) / "vocab.json").read_text())
-    ids = torch.tensor([[vocab[p] for p in source["pieces"]] + [vocab["</s>"]]])
+    model = AutoModelForSeq2SeqLM.from_pretrained(str(model_path)).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    languages = source["languages"]
+    tokens, forced = [*source["pieces"], tokenizer.eos_token], {}
+    if languages:
+        tokens = [languages["source"], *tokens]
+        forced["forced_bos_token_id"] = tokenizer.convert_tokens_to_ids(languages["target"])
+    ids = torch.tensor([tokenizer.convert_tokens_to_ids(tokens)])
+    steps = TARGET_TOKENS + bool(languages)  # the forced language token takes a step
 
     def translate(batch):
         with torch.inference_mode():
             out = model.generate(input_ids=ids.repeat(batch, 1), num_beams=BEAM_SIZE,
-                                 min_new_tokens=TARGET_TOKENS, max_new_tokens=TARGET_TOKENS,
-                                 do_sample=False)  # fmt: skip
-        return out.shape[1] - 1  # the decoder's start token aside
+                                 min_new_tokens=steps, max_new_tokens=steps, do_sample=False,
+                                 **forced)  # fmt: skip
+        return out.shape[1] - 1 - bool(languages)  # the decoder's start and language tokens aside
 
     return translate
 
@@ -250,17 +261,35 @@ def ctranslate2_engine(compute_type):
         translator = ctranslate2.Translator(
             str(model_path), device="cpu", compute_type=compute_type, intra_threads=threads
         )
+        languages = source["languages"]
+        tokens, prefix = [*source["pieces"], "</s>"], None
+        if languages:
+            tokens, prefix = [languages["source"], *tokens], [languages["target"]]
+        steps = TARGET_TOKENS + bool(languages)  # its decoding length counts the prefix
 
         def translate(batch):
             results = translator.translate_batch(
-                [[*source["pieces"], "</s>"]] * batch, beam_size=BEAM_SIZE, max_input_length=0,
-                min_decoding_length=TARGET_TOKENS, max_decoding_length=TARGET_TOKENS,
+                [tokens] * batch, target_prefix=prefix and [prefix] * batch,
+                beam_size=BEAM_SIZE, max_input_length=0, min_decoding_length=steps,
+                max_decoding_length=steps,
             )  # fmt: skip
-            return len(results[0].hypotheses[0])
+            return len(results[0].hypotheses[0]) - bool(languages)
 
         return translate
 
     return load
+
+
+def source_and_prefix(source):
+    """The source ids of our export, [1, length], and its target prefix ([1, 1]: the target
+    language's token) or None."""
+    import numpy as np
+
+    languages = source["languages"]
+    if not languages:
+        return np.array([source["ids"]], np.int32), None
+    ids = [languages["source_id"], *source["ids"]]
+    return np.array([ids], np.int32), np.array([[languages["target_id"]]], np.int32)
 
 
 def onnx_engine(int8):
@@ -270,11 +299,13 @@ def onnx_engine(int8):
         from export.runtime import OnnxTranslator
 
         translator = OnnxTranslator(model_path, intra_op_threads=threads, int8=int8)
-        ids = np.array([source["ids"]], np.int32)
+        ids, prefix = source_and_prefix(source)
 
         def translate(batch):
             out = translator.search(np.repeat(ids, batch, 0), beam_size=BEAM_SIZE,
-                                    max_length=TARGET_TOKENS)  # fmt: skip
+                                    max_length=TARGET_TOKENS,
+                                    target_prefix=None if prefix is None else np.repeat(
+                                        prefix, batch, 0))  # fmt: skip
             return int(out["lengths"][0, 0])
 
         return translate
@@ -289,7 +320,7 @@ def saved_model_engine(model_path, source, threads):
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (the SavedModel's tokenizer ops)
 
-    from export.signature import BEAM_SEARCH, SOURCE_IDS
+    from export.signature import BEAM_SEARCH, SOURCE_IDS, TARGET_PREFIX
 
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -299,11 +330,13 @@ def saved_model_engine(model_path, source, threads):
     signature = meta.signature_def[BEAM_SEARCH]
     inputs = {name: info.name for name, info in signature.inputs.items()}
     lengths = signature.outputs["lengths"].name
-    ids = np.array([source["ids"]], np.int32)
+    ids, prefix = source_and_prefix(source)
 
     def translate(batch):
         feeds = {inputs[SOURCE_IDS]: np.repeat(ids, batch, 0), inputs["beam_size"]: BEAM_SIZE,
                  inputs["max_length"]: TARGET_TOKENS}  # fmt: skip
+        if prefix is not None:
+            feeds[inputs[TARGET_PREFIX]] = np.repeat(prefix, batch, 0)
         return int(session.run(lengths, feeds)[0, 0])
 
     return translate
@@ -363,9 +396,10 @@ class Engine:
         self.process.wait()
 
 
-def source_tokens(source_spm, onnx_export):
+def source_tokens(source_spm, onnx_export, languages=None):
     """{"pieces": `SOURCE_PIECES` ordinary pieces of the checkpoint's source model, drawn with
-    the seed, "ids": their ids in the import}."""
+    the seed, "ids": their ids in the import, "languages": None, or for a many-to-many model
+    the (source, target) codes of `languages` with the ids of their tokens in the import}."""
     import sentencepiece
 
     checkpoint_model = sentencepiece.SentencePieceProcessor(model_file=str(source_spm))
@@ -375,59 +409,101 @@ def source_tokens(source_spm, onnx_export):
     ours = sentencepiece.SentencePieceProcessor(
         model_file=str(onnx_export / metadata["source_vocabulary"])
     )
-    return {"pieces": pieces, "ids": [ours.piece_to_id(p) for p in pieces]}
+    tokens = {"pieces": pieces, "ids": [ours.piece_to_id(p) for p in pieces], "languages": None}
+    if languages:
+        source, target = languages
+        tags = metadata["languages"]
+        tokens["languages"] = {
+            "source": source, "target": target,
+            "source_id": ours.piece_to_id(tags["source_tags"][source]),
+            "target_id": ours.piece_to_id(tags["target_tokens"][target]),
+        }  # fmt: skip
+    return tokens
+
+
+def ctranslate2_converted(args, checkpoint_path, directory):
+    if not (directory / "model.bin").exists():
+        run([hf_python(args).parent / "ct2-transformers-converter", "--model", checkpoint_path,
+             "--output_dir", directory, "--force"])  # fmt: skip
+    return directory
+
+
+def speed_setup(args, checkpoint_path, name, source_spm, languages=None):
+    """Imports (measured) and exports `checkpoint_path` for the speed runs, converts it for
+    CTranslate2: {"paths": each engine's model, "source": the timed source, "imported"}."""
+    root = args.root.resolve()
+    imported_to = root / f"{name}-import"
+    imported = import_measured(checkpoint_path, imported_to)
+    workdir = root / f"{name}-speed-import"  # exported once, reused by later runs
+    if not (workdir / "export" / "onnx" / "model.int8.onnx").exists():
+        shutil.rmtree(workdir, ignore_errors=True)
+        shutil.copytree(imported_to, workdir)
+        set_decode(workdir, beam_size=BEAM_SIZE, min_length=TARGET_TOKENS)
+    exported = export(workdir)
+    ct2 = ctranslate2_converted(args, checkpoint_path, root / f"{name}-ctranslate2")
+    saved_model = max((exported / "saved_model" / "translator").iterdir(),
+                      key=lambda p: int(p.name))  # fmt: skip
+    paths = {"transformers": checkpoint_path, "CTranslate2 float32": ct2, "CTranslate2 int8": ct2,
+             "ONNX float32": exported / "onnx", "ONNX int8": exported / "onnx",
+             "SavedModel": saved_model}  # fmt: skip
+    source = source_tokens(source_spm, exported / "onnx", languages)
+    return {"paths": paths, "source": source, "imported": imported}
+
+
+def marian_speed_setup(args):
+    source = checkpoint(args, args.root.resolve() / "base-checkpoint", BASE_SHAPE, BASE_PIECES,
+                        BASE_VOCABULARY, 0)  # fmt: skip
+    return speed_setup(args, source, "base", source / "source.spm")
+
+
+def nllb_speed_setup(args):
+    source = nllb_checkpoint(args)
+    return speed_setup(args, source, "nllb-600m", source / "sentencepiece.bpe.model",
+                       NLLB_DIRECTION)  # fmt: skip
+
+
+SPEED_MODELS = {  # --model: (set-up, batch sizes)
+    "opus-mt-base": (marian_speed_setup, (1, 32)),
+    "nllb-600m": (nllb_speed_setup, (1, 16)),
+}
 
 
 def speed(args):
-    root = args.root.resolve()
-    source = checkpoint(args, root / "base-checkpoint", BASE_SHAPE, BASE_PIECES,
-                        BASE_VOCABULARY, 0)  # fmt: skip
-    workdir = root / "base-import"
-    imported = import_measured(source, workdir)
-    set_decode(workdir, beam_size=BEAM_SIZE, min_length=TARGET_TOKENS)
-    exported = export(workdir)
-    ct2 = root / "base-ctranslate2"
-    if not (ct2 / "model.bin").exists():
-        run([hf_python(args).parent / "ct2-transformers-converter", "--model", source,
-             "--output_dir", ct2, "--force"])  # fmt: skip
-    saved_model = max((exported / "saved_model" / "translator").iterdir(),
-                      key=lambda p: int(p.name))  # fmt: skip
-    paths = {"transformers": source, "CTranslate2 float32": ct2, "CTranslate2 int8": ct2,
-             "ONNX float32": exported / "onnx", "ONNX int8": exported / "onnx",
-             "SavedModel": saved_model}  # fmt: skip
-    tokens = source_tokens(source / "source.spm", exported / "onnx")
-    engines = [
-        Engine(name, hf_python(args) if in_hf else sys.executable, paths[name], tokens, threads)
-        for name, (_, in_hf) in ENGINES.items()
-        for threads in args.threads
-    ]  # fmt: skip
-    best = {(e.name, e.threads, b): float("inf") for e in engines for b in BATCHES}
-    for engine in engines:  # warm-up, and every engine decodes the same number of steps
-        for batch in BATCHES:
-            tokens = engine.time(batch, 1)["tokens"]
-            if tokens != TARGET_TOKENS:
-                sys.exit(f"{engine.name}: {tokens} target tokens, not {TARGET_TOKENS}")
-    for round_index in range(args.rounds):
-        order = engines[round_index % len(engines) :] + engines[: round_index % len(engines)]
-        for batch in BATCHES:
-            for engine in order:
-                seconds = min(engine.time(batch, REPEATS[batch])["seconds"])
-                key = engine.name, engine.threads, batch
-                best[key] = min(best[key], seconds)
-        log(f"round {round_index + 1} of {args.rounds} done")
-    for engine in engines:
-        engine.close()
-    report_speed(best, imported, args)
+    set_up, batches = SPEED_MODELS[args.model]
+    setup = set_up(args)
+    best = {}  # (engine, threads, batch): seconds
+    for threads in args.threads:  # one thread count's engines at a time: a large model's memory
+        engines = [
+            Engine(name, hf_python(args) if in_hf else sys.executable, setup["paths"][name],
+                   setup["source"], threads)
+            for name, (_, in_hf) in ENGINES.items()
+        ]  # fmt: skip
+        for engine in engines:  # warm-up, and every engine decodes the same number of steps
+            for batch in batches:
+                tokens = engine.time(batch, 1)["tokens"]
+                if tokens != TARGET_TOKENS:
+                    sys.exit(f"{engine.name}: {tokens} target tokens, not {TARGET_TOKENS}")
+        for round_index in range(args.rounds):
+            order = engines[round_index % len(engines) :] + engines[: round_index % len(engines)]
+            for batch in batches:
+                for engine in order:
+                    seconds = min(engine.time(batch, REPEATS[batch])["seconds"])
+                    key = engine.name, threads, batch
+                    best[key] = min(best.get(key, float("inf")), seconds)
+            log(f"{threads} threads: round {round_index + 1} of {args.rounds} done")
+        for engine in engines:
+            engine.close()
+    report_speed(best, setup["imported"], batches, args)
 
 
-def report_speed(best, imported, args):
+def report_speed(best, imported, batches, args):
     import platform
 
-    log(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+    log(f"\n{args.model}; {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
         f"beam {BEAM_SIZE}, {SOURCE_PIECES + 1} source tokens, {TARGET_TOKENS} target tokens, "
         f"best of {args.rounds} rounds and of {'/'.join(map(str, args.threads))} "
         "threads")  # fmt: skip
-    for batch in BATCHES:
+    for batch in batches:
         fastest = {}  # engine: (seconds, threads)
         for (name, threads, batch_size), seconds in best.items():
             if batch_size == batch and seconds < fastest.get(name, (float("inf"),))[0]:
@@ -532,6 +608,7 @@ NLLB_600M = dict(
     max_position_embeddings=1024, scale_embedding=True, activation_function="relu",
 )  # fmt: skip
 NLLB_PIECES = 8000  # the SentencePiece model's; the embedding rows past it stay unused
+NLLB_DIRECTION = ("deu_Latn", "fra_Latn")  # the speed runs' languages
 
 
 def write_nllb_checkpoint(directory):
@@ -583,17 +660,21 @@ SAVED_MODEL_CHECK = (
 )
 
 
-def nllb_size(args):
-    """Import and export at NLLB-200-distilled-600M's shape (see the module's docstring)."""
-    source = args.root / "nllb-600m"
+def nllb_checkpoint(args):
+    """The random NLLB_600M checkpoint, made by `write_nllb_checkpoint` unless it exists."""
+    source = args.root.resolve() / "nllb-600m"
     if not (source / "model.safetensors").exists():
         shutil.rmtree(source, ignore_errors=True)
         run([hf_python(args), __file__, "_nllb_checkpoint", source])
+    return source
+
+
+def nllb_size(args):
+    """Import and export at NLLB-200-distilled-600M's shape (see the module's docstring)."""
+    source = nllb_checkpoint(args)
     workdir = args.root / "nllb-600m-import"
     weights = import_measured(source, workdir)["weights_mb"]
     set_decode(workdir, max_length_cap=16)  # random weights: the checks translate a few tokens
-    # ONNX Runtime's quantiser outgrows 24 GiB at this size (17 GB beside the exporter's 10 GB).
-    set_section(workdir, "export", onnx_int8=False)
     seconds, peak = measured([sys.executable, "-m", "export", "--workdir", workdir,
                               "--formats", "saved_model,onnx"])  # fmt: skip
     log(f"export: {seconds:.0f} s, peak memory {peak:.0f} MB ({peak / weights:.2f}x the weights)")
@@ -634,6 +715,8 @@ def main():
         default=PROJECT_ROOT / "runs" / "hf" / "venv",
         help="the transformers venv (bench/hf_fixtures.py's), made if missing",
     )
+    parser.add_argument("--model", choices=tuple(SPEED_MODELS), default="opus-mt-base",
+                        help="speed: the checkpoint's shape")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3, help="speed: rounds of timings")
     parser.add_argument(
         "--threads",

@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 import tf2onnx
 
-from export.int8 import write_int8, write_int8_apart
+from export.int8 import write_int8
 from export.onnx_rewrites import optimise_loops
 from export.serving_graph import WEIGHT_INPUT
 from export.signature import METADATA_FILE, TARGET_PREFIX
@@ -167,8 +167,7 @@ def write_onnx(graph, directory, vocabulary_paths, opset, int8=True, languages=N
     inputs, outputs = [n.name for n in model.graph.input], [n.name for n in model.graph.output]
     del model  # before quantising: a large model's weights, held twice otherwise
     if int8:
-        quantise = write_int8_apart if external_data else write_int8
-        quantise(directory / MODEL_FILE, directory / INT8_MODEL_FILE)
+        write_int8(directory / MODEL_FILE, directory / INT8_MODEL_FILE, external_data)
     for data in directory.glob("*.data"):  # written owner-only: as readable as the models
         data.chmod(0o644)
     files = {}

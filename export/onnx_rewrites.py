@@ -122,7 +122,7 @@ def fold_constant_transposes(graph):
     A Transformer whose output projection is its tied target embedding multiplies by the
     embedding's transpose, which tf2onnx computes inside the search loop: at every step, and
     as a product whose weights are no initializer, which ONNX Runtime neither pre-packs nor
-    quantises (`quantize_dynamic` leaves it float).
+    quantises (`export.int8` leaves it float).
     """
     folded = 0
     for scopes in list(_scopes(graph)):

@@ -1,9 +1,9 @@
 """Library chatter away from the user's output.
 
-TensorFlow's native logs, tf2onnx's and ONNX Runtime's Python logs (a protobuf dump in each of
-the quantiser's notices) and CTranslate2's write to the process's stderr. A command's output
-should be its own: `to_file` sends whatever the libraries write to stderr into a log file for
-the duration of a block. Our own messages go to stdout and are unaffected.
+TensorFlow's native logs, tf2onnx's and ONNX Runtime's Python logs and CTranslate2's write to
+the process's stderr. A command's output should be its own: `to_file` sends whatever the
+libraries write to stderr into a log file for the duration of a block. Our own messages go to
+stdout and are unaffected.
 `quiet_tensorflow_startup` drops the lines TensorFlow's native logging writes while it loads
 (TensorFlow 2.21 writes them whatever TF_CPP_MIN_LOG_LEVEL says: each library with its own copy
 of that logging, libtensorflow_framework and the profiler plugin, reads the variable in a static
