@@ -300,10 +300,11 @@ def onnx_engine(int8):
 
         translator = OnnxTranslator(model_path, intra_op_threads=threads, int8=int8)
         ids, prefix = source_and_prefix(source)
+        steps = TARGET_TOKENS + (prefix is not None)  # max_length counts the forced token
 
         def translate(batch):
             out = translator.search(np.repeat(ids, batch, 0), beam_size=BEAM_SIZE,
-                                    max_length=TARGET_TOKENS,
+                                    max_length=steps,
                                     target_prefix=None if prefix is None else np.repeat(
                                         prefix, batch, 0))  # fmt: skip
             return int(out["lengths"][0, 0])
@@ -331,10 +332,11 @@ def saved_model_engine(model_path, source, threads):
     inputs = {name: info.name for name, info in signature.inputs.items()}
     lengths = signature.outputs["lengths"].name
     ids, prefix = source_and_prefix(source)
+    steps = TARGET_TOKENS + (prefix is not None)  # max_length counts the forced token
 
     def translate(batch):
         feeds = {inputs[SOURCE_IDS]: np.repeat(ids, batch, 0), inputs["beam_size"]: BEAM_SIZE,
-                 inputs["max_length"]: TARGET_TOKENS}  # fmt: skip
+                 inputs["max_length"]: steps}  # fmt: skip
         if prefix is not None:
             feeds[inputs[TARGET_PREFIX]] = np.repeat(prefix, batch, 0)
         return int(session.run(lengths, feeds)[0, 0])

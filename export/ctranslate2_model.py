@@ -9,7 +9,9 @@ vocabularies as JSON token lists in id order, and the SentencePiece models to to
         processor.encode(sentences, out_type=str), beam_size=5, max_input_length=250)
 
 Sources take no <s>, and </s> only where the model appends one (`model.source_eos`, which
-CTranslate2's `add_source_eos` does too); decoding starts from <s> at position 0. The
+CTranslate2's `add_source_eos` does too); decoding starts from <s> at position 0. An imported
+M2M100 or NLLB model is given its source language's token before the source and its target
+language's token as `target_prefix`, which starts each hypothesis. The
 weights are copied as they are, and where CTranslate2's formulas differ from ours the model
 carries ours: its position table is ours, written out (CTranslate2's own sinusoids are
 concatenated, not interleaved, with other frequencies and start at position 1).

@@ -136,10 +136,6 @@ def export_model(
                         "saved_model or onnx")  # fmt: skip
     config, model, source_tokenizer, target_tokenizer = load_ensemble([workdir, *ensemble],
                                                                       weights)  # fmt: skip
-    if config["data"]["target_language_tokens"] and "ctranslate2" in formats:
-        raise UserError(f"{workdir}: --formats ctranslate2 does not hold a many-to-many import "
-                        "(M2M100, NLLB) yet; export it as saved_model or onnx, or convert the "
-                        "checkpoint with CTranslate2's own transformers converter")  # fmt: skip
     if "ctranslate2" in formats:  # refused now rather than after the other formats
         check_formats_fit_model(formats, config["model"]["type"], str(workdir))
         import export.ctranslate2_model  # noqa: F401  (names the package to install, if missing)

@@ -2,16 +2,16 @@
 `quantize_dynamic(weight_type=QInt8)` computes it, one tensor in memory at a time.
 
 Each `MatMul` whose second input is a float initializer (in its graph or one enclosing it, so
-inside the search loops too) becomes `DynamicQuantizeLinear` of its first input (uint8, per
-tensor, at run time; once per input and graph), `MatMulInteger` with the weight in int8 (per
-tensor, symmetric, [-127, 127]), and the product's rescaling, which ONNX Runtime fuses into
-one kernel; each `Gather` from a float initializer gathers from the table in uint8 (per
-tensor, asymmetric) and dequantises what it gathered. The numbers are quantize_dynamic's
-(tests/test_int8.py compares the models' outputs), but its quantiser holds a model several
-times over and serialises loop bodies whole: a 600M-parameter model outgrew 24 GiB and the
-protobuf limit. Here the float tensors stay in their file until each is quantised or copied.
-It needs no TensorFlow, so that benchmarks can quantise a graph beside a TensorFlow-free
-runtime.
+inside the search loops too), and each `Gemm` that is such a product plus a bias, becomes
+`DynamicQuantizeLinear` of its first input (uint8, per tensor, at run time; once per input and
+graph), `MatMulInteger` with the weight in int8 (per tensor, symmetric, [-127, 127]), and the
+product's rescaling, which ONNX Runtime fuses into one kernel; each `Gather` from a float
+initializer gathers from the table in uint8 (per tensor, asymmetric) and dequantises what it
+gathered. The numbers are quantize_dynamic's (tests/test_int8.py compares the models'
+outputs), but its quantiser holds a model several times over and serialises loop bodies
+whole: a 600M-parameter model outgrew 24 GiB and the protobuf limit. Here the float tensors
+stay in their file until each is quantised or copied. It needs no TensorFlow, so that
+benchmarks can quantise a graph beside a TensorFlow-free runtime.
 """
 
 from pathlib import Path
@@ -46,6 +46,16 @@ def quantised(values, low, high):
         scale = np.float32(scale)
     rounded = (values.astype(np.float32) / scale).round() + zero_point
     return np.clip(rounded, low, high).astype(dtype), scale, zero_point
+
+
+def _attribute(node, name, default):
+    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
+
+
+def _is_product(gemm):
+    """Whether a Gemm is A @ B' + C (no scaling, A as it is; B' is B or its transpose)."""
+    scaled = _attribute(gemm, "alpha", 1.0) != 1.0 or _attribute(gemm, "beta", 1.0) != 1.0
+    return not scaled and not _attribute(gemm, "transA", 0)
 
 
 class _Tensors:
@@ -84,14 +94,17 @@ class _Quantiser:
         self.tensors = tensors
         self.done = {}  # (float initializer's name, range): (quantised, scale, zero point) names
 
-    def weight(self, name, scopes, value_range):
-        key = name, value_range
+    def weight(self, name, scopes, value_range, transposed=False):
+        key = name, value_range, transposed
         if key not in self.done:
             owner = next(g for g in reversed(scopes) if any(i.name == name for i in g.initializer))
             (tensor,) = [i for i in owner.initializer if i.name == name]
-            values, scale, zero_point = quantised(self.tensors.values(tensor), *value_range)
-            suffix = "int8" if value_range == WEIGHT_RANGE else "uint8"
-            names = tuple(f"{name}_{suffix}{part}" for part in ("", "_scale", "_zero_point"))
+            values = self.tensors.values(tensor)
+            values, scale, zero_point = quantised(values.T if transposed else values, *value_range)
+            suffix = ("_transposed" if transposed else "") + (
+                "_int8" if value_range == WEIGHT_RANGE else "_uint8"
+            )
+            names = tuple(f"{name}{suffix}{part}" for part in ("", "_scale", "_zero_point"))
             for array, array_name in zip((values, scale, zero_point), names):
                 owner.initializer.append(numpy_helper.from_array(np.asarray(array), array_name))
             self.done[key] = names
@@ -106,7 +119,11 @@ class _Quantiser:
         nodes, activations = [], {}
         for node in inner.node:
             if node.op_type == "MatMul" and float_constant(node.input[1]):
-                nodes += self._matmul(node, scopes, activations)
+                weights = self.weight(node.input[1], scopes, WEIGHT_RANGE)
+                nodes += self._product(node.input[0], weights, node.output[0],
+                                       node.name or node.output[0], activations)  # fmt: skip
+            elif node.op_type == "Gemm" and float_constant(node.input[1]) and _is_product(node):
+                nodes += self._gemm(node, scopes, activations)
             elif node.op_type == "Gather" and float_constant(node.input[0]):
                 nodes += self._gather(node, scopes)
             else:
@@ -114,32 +131,44 @@ class _Quantiser:
         if len(nodes) != len(inner.node):
             _replace(inner.node, nodes)
 
-    def _matmul(self, node, scopes, activations):
-        source, weight = node.input[0], node.input[1]
-        output = node.output[0]
+    def _product(self, source, weights, output, name, activations):
+        """The nodes of `source` @ the quantised `weights` into `output`."""
         nodes = []
         if source not in activations:  # once per input and graph, as quantize_dynamic does
             activations[source] = [f"{source}_quantized{s}" for s in ("", "_scale", "_zero")]
-            nodes.append(helper.make_node("DynamicQuantizeLinear", [source], activations[source]))
+            nodes.append(helper.make_node("DynamicQuantizeLinear", [source], activations[source],
+                                          name=f"{source}_quantize"))  # fmt: skip
         values, scale, zero_point = activations[source]
-        weights, weight_scale, weight_zero = self.weight(weight, scopes, WEIGHT_RANGE)
+        weights, weight_scale, weight_zero = weights
         product, as_float, scales = (f"{output}_int32", f"{output}_float", f"{output}_scales")
         return nodes + [
-            helper.make_node(
-                "MatMulInteger", [values, weights, zero_point, weight_zero], [product]
-            ),
-            helper.make_node("Cast", [product], [as_float], to=onnx.TensorProto.FLOAT),
-            helper.make_node("Mul", [scale, weight_scale], [scales]),
-            helper.make_node("Mul", [as_float, scales], [output], name=node.name),
+            helper.make_node("MatMulInteger", [values, weights, zero_point, weight_zero],
+                             [product], name=f"{name}_int8"),
+            helper.make_node("Cast", [product], [as_float], name=f"{name}_cast",
+                             to=onnx.TensorProto.FLOAT),
+            helper.make_node("Mul", [scale, weight_scale], [scales], name=f"{name}_scales"),
+            helper.make_node("Mul", [as_float, scales], [output], name=name),
+        ]  # fmt: skip
+
+    def _gemm(self, node, scopes, activations):
+        """A Gemm that is A @ B (+ C) as that product (+ C), as quantize_dynamic rewrites it."""
+        weights = self.weight(node.input[1], scopes, WEIGHT_RANGE, _attribute(node, "transB", 0))
+        name = node.name or node.output[0]
+        if len(node.input) < 3 or not node.input[2]:
+            return self._product(node.input[0], weights, node.output[0], name, activations)
+        product = f"{node.output[0]}_MatMul"
+        return self._product(node.input[0], weights, product, name, activations) + [
+            helper.make_node("Add", [product, node.input[2]], node.output, name=f"{name}_Add")
         ]
 
     def _gather(self, node, scopes):
         table, scale, zero_point = self.weight(node.input[0], scopes, TABLE_RANGE)
-        gathered = f"{node.output[0]}_uint8"
+        gathered, name = f"{node.output[0]}_uint8", node.name or node.output[0]
         return [
-            helper.make_node("Gather", [table, *node.input[1:]], [gathered], name=node.name,
-                             axis=next((a.i for a in node.attribute if a.name == "axis"), 0)),
-            helper.make_node("DequantizeLinear", [gathered, scale, zero_point], node.output),
+            helper.make_node("Gather", [table, *node.input[1:]], [gathered], name=name,
+                             axis=_attribute(node, "axis", 0)),
+            helper.make_node("DequantizeLinear", [gathered, scale, zero_point], node.output,
+                             name=f"{name}_dequantize"),
         ]  # fmt: skip
 
 

@@ -30,12 +30,13 @@ def test_weights_are_symmetric_int8_and_tables_asymmetric_uint8():
     assert quantised(np.zeros(3, np.float32), *WEIGHT_RANGE)[1:] == (1, 0)
 
 
-@pytest.fixture(scope="module")
-def quantised_both_ways(exported_transformer_workdir, tmp_path_factory):
-    """The Transformer smoke model's float export, quantised by quantize_dynamic, by
-    `write_int8` with the tensors in the model, and by `write_int8` with the tensors of the
-    float model and its int8 model in files beside them."""
-    exported = exported_transformer_workdir / "export" / "onnx"
+@pytest.fixture(scope="module", params=["exported_workdir", "exported_transformer_workdir"])
+def quantised_both_ways(request, tmp_path_factory):
+    """A smoke model's float export (the recurrent one: its cells' products are Gemms; the
+    Transformer), quantised by quantize_dynamic, by `write_int8` with the tensors in the
+    model, and by `write_int8` with the tensors of the float model and its int8 model in files
+    beside them."""
+    exported = request.getfixturevalue(request.param) / "export" / "onnx"
     root = tmp_path_factory.mktemp("int8")
     directories = {}
     for name in ("onnxruntime", "inline", "apart"):

@@ -158,7 +158,7 @@ LARGE_EXPORT = "nllb"
 
 @pytest.fixture(scope="module")
 def exported(imported, tmp_path_factory):
-    """Both imports exported as a SavedModel and to ONNX (with int8)."""
+    """Both imports exported as a SavedModel, to ONNX (with int8) and for CTranslate2."""
     from export import exporter, onnx_model
 
     out = tmp_path_factory.mktemp("exported")
@@ -167,7 +167,8 @@ def exported(imported, tmp_path_factory):
             if name == LARGE_EXPORT:
                 patch.setattr(exporter, "SAVED_MODEL_SHARD_BYTES", 200_000)
                 patch.setattr(onnx_model, "EXTERNAL_DATA_ABOVE_BYTES", 0)
-            exporter.export_model(imported[name], out / name, formats=("saved_model", "onnx"),
+            exporter.export_model(imported[name], out / name,
+                                  formats=("saved_model", "onnx", "ctranslate2"),
                                   log=lambda _: None)  # fmt: skip
     return out
 
@@ -210,6 +211,15 @@ def test_onnx_runtime_gives_generates_ids_and_texts_in_mixed_directions(imported
     assert translator.request_languages.inputs == ("target_language", "source_language")
     with pytest.raises(ValueError, match="give source_language"):
         translator.translate(case["sentences"][:1], target_language=case["target_languages"][0])
+
+
+def test_the_saved_models_ops_are_all_in_stock_tf_serving(exported):
+    """The language lookups' checks (`Assert`) included: TF Serving registers every op."""
+    from export.serving_check import read_meta_graph, unsupported_ops
+
+    for name in NAMES:
+        saved_model = exported / name / "saved_model" / "translator" / "1"
+        assert unsupported_ops(read_meta_graph(saved_model).graph_def) == [], name
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -374,14 +384,33 @@ def test_beam_search_needs_the_target_languages_token_as_its_prefix(exported):
         rest_api.parse_predict(body.encode(), translator.request_languages.inputs)
 
 
-def test_what_is_not_supported_yet_is_refused_in_one_line(imported, tmp_path):
-    """CTranslate2's export and fine-tuning of these imports: refused before any work."""
-    from export.exporter import export_model
+@pytest.mark.parametrize("name", NAMES)
+def test_ctranslate2_greedy_search_gives_generates_ids(imported, exported, name):
+    """CTranslate2 is given the source language's token before the source, and the target
+    language's as the target prefix, as the other runtimes are; its hypotheses start with it."""
+    import ctranslate2
+    import sentencepiece
+
+    case = expected(name)
+    directory = exported / name / "ctranslate2"
+    model_translator = translator(imported[name])
+    requests = model_translator.requests(case["sentences"], case["target_languages"],
+                                         case["source_languages"])  # fmt: skip
+    prefixes = model_translator.target_prefixes(case["sentences"], case["target_languages"])
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(directory / "shared.model"))
+    results = ctranslate2.Translator(str(directory)).translate_batch(
+        processor.encode(requests, out_type=str),
+        target_prefix=processor.encode(prefixes, out_type=str),
+        beam_size=1, max_decoding_length=64, min_decoding_length=0, return_end_token=True,
+    )  # fmt: skip
+    ids = id_map(name, imported[name])
+    found = [[processor.piece_to_id(piece) for piece in r.hypotheses[0]] for r in results]
+    assert [ids.checkpoint(hypothesis) for hypothesis in found] == case["greedy_ids"]
+
+
+def test_what_is_not_supported_yet_is_refused_in_one_line(imported):
+    """Fine-tuning these imports: refused before any work."""
     from pipeline.train import inherited_overrides
 
-    with pytest.raises(UserError, match="ctranslate2 does not hold a many-to-many import"):
-        export_model(imported["nllb"], tmp_path / "out", formats=("ctranslate2",),
-                     log=lambda _: None)  # fmt: skip
-    assert not (tmp_path / "out").exists()
     with pytest.raises(UserError, match="fine-tuning a many-to-many import"):
         inherited_overrides(PROJECT_ROOT / "configs" / "smoke.yaml", [], imported["nllb"])
