@@ -41,7 +41,7 @@ heads, FFN 4096, 256,206 embedding rows; an NLLB tokenizer over a SentencePiece 
 on Multi30k, the rows past it unused) is imported (time, peak memory against the weights) and
 exported as a SavedModel and to ONNX, float32 and int8 (time, peak memory, the files written);
 each export then translates a sentence in a process of its own (ONNX Runtime, the SavedModel
-through TF Serving's session loader).
+through TF Serving's session loader, the REST server on the float32 and the int8 ONNX model).
 """
 
 import argparse
@@ -662,6 +662,33 @@ SAVED_MODEL_CHECK = (
 )
 
 
+REST_PORT = 8591
+
+
+def rest_server_check(exported, int8):
+    """The REST server (`python -m export.serve`) on `exported`: seconds until it answers, its
+    peak resident memory after one translation (deu_Latn into fra_Latn)."""
+    import http.client
+
+    import serving
+
+    start = time.perf_counter()
+    server = serving.Server(exported, REST_PORT, BEAM_SIZE, ["--int8"] if int8 else [])
+    ready = time.perf_counter() - start
+    body = {"instances": [{"sentences": SENTENCE, "source_language": NLLB_DIRECTION[0],
+                           "target_language": NLLB_DIRECTION[1]}]}  # fmt: skip
+    connection = http.client.HTTPConnection("127.0.0.1", REST_PORT, timeout=600)
+    connection.request("POST", f"/v1/models/{serving.MODEL_NAME}:predict", json.dumps(body))
+    answer = connection.getresponse()
+    if answer.status != 200:
+        sys.exit(f"the REST server answered {answer.status}: {answer.read()[:200]}")
+    status = Path(f"/proc/{server.process.pid}/status").read_text()
+    peak = int(next(line for line in status.splitlines() if line.startswith("VmHWM")).split()[1])
+    server.stop()
+    log(f"REST server ({'int8' if int8 else 'float32'}): answering after {ready:.0f} s, peak "
+        f"{peak / 1024:.0f} MB after a translation")  # fmt: skip
+
+
 def nllb_checkpoint(args):
     """The random NLLB_600M checkpoint, made by `write_nllb_checkpoint` unless it exists."""
     source = args.root.resolve() / "nllb-600m"
@@ -688,6 +715,8 @@ def nllb_size(args):
     saved_model = workdir / "export" / "saved_model" / "translator" / "1"
     seconds, peak = measured([sys.executable, "-c", SAVED_MODEL_CHECK, saved_model, SENTENCE])
     log(f"SavedModel, TF Serving's session loader: {seconds:.0f} s, peak {peak:.0f} MB")
+    for int8 in (False, True):
+        rest_server_check(workdir / "export", int8)
 
 
 def main():

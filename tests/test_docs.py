@@ -55,12 +55,21 @@ def test_every_configuration_block_validates(text, tmp_path):
 @pytest.fixture(scope="module")
 def workdirs(exported_workdir, exported_transformer_workdir, tmp_path_factory):
     """What the docs' paths name, on the smoke models: runs/default (a trained, exported
-    recurrent model) and runs/transformer/export (a Transformer's, with CTranslate2)."""
+    recurrent model), runs/transformer/export (a Transformer's, with CTranslate2) and
+    runs/nllb/export (the small NLLB test checkpoint imported, for CTranslate2)."""
     ctranslate2_export = tmp_path_factory.mktemp("transformer_export")
-    subprocess.run([sys.executable, "-m", "export", "--workdir", str(exported_transformer_workdir),
-                    "--output", str(ctranslate2_export), "--formats", "ctranslate2"],
-                   cwd=PROJECT_ROOT, check=True, capture_output=True, timeout=600)  # fmt: skip
+    nllb = tmp_path_factory.mktemp("nllb") / "imported"
+    for command in (
+        ["export", "--workdir", exported_transformer_workdir, "--output", ctranslate2_export,
+         "--formats", "ctranslate2"],
+        ["pipeline.import_model", PROJECT_ROOT / "tests" / "fixtures" / "hf_m2m" / "nllb",
+         "--workdir", nllb],
+        ["export", "--workdir", nllb, "--formats", "ctranslate2"],
+    ):  # fmt: skip
+        subprocess.run([sys.executable, "-m", *map(str, command)], cwd=PROJECT_ROOT, check=True,
+                       capture_output=True, timeout=600)  # fmt: skip
     return {"runs/transformer/export": str(ctranslate2_export),
+            "runs/nllb/export": str(nllb / "export"),
             "runs/default": str(exported_workdir)}  # fmt: skip
 
 

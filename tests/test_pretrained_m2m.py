@@ -385,7 +385,7 @@ def test_beam_search_needs_the_target_languages_token_as_its_prefix(exported):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_ctranslate2_greedy_search_gives_generates_ids(imported, exported, name):
+def test_ctranslate2_gives_generates_greedy_ids_and_beam_texts(imported, exported, name):
     """CTranslate2 is given the source language's token before the source, and the target
     language's as the target prefix, as the other runtimes are; its hypotheses start with it."""
     import ctranslate2
@@ -398,7 +398,8 @@ def test_ctranslate2_greedy_search_gives_generates_ids(imported, exported, name)
                                          case["source_languages"])  # fmt: skip
     prefixes = model_translator.target_prefixes(case["sentences"], case["target_languages"])
     processor = sentencepiece.SentencePieceProcessor(model_file=str(directory / "shared.model"))
-    results = ctranslate2.Translator(str(directory)).translate_batch(
+    ctranslate2_translator = ctranslate2.Translator(str(directory))
+    results = ctranslate2_translator.translate_batch(
         processor.encode(requests, out_type=str),
         target_prefix=processor.encode(prefixes, out_type=str),
         beam_size=1, max_decoding_length=64, min_decoding_length=0, return_end_token=True,
@@ -406,6 +407,11 @@ def test_ctranslate2_greedy_search_gives_generates_ids(imported, exported, name)
     ids = id_map(name, imported[name])
     found = [[processor.piece_to_id(piece) for piece in r.hypotheses[0]] for r in results]
     assert [ids.checkpoint(hypothesis) for hypothesis in found] == case["greedy_ids"]
+    results = ctranslate2_translator.translate_batch(
+        processor.encode(requests, out_type=str),
+        target_prefix=processor.encode(prefixes, out_type=str), beam_size=4,
+    )  # fmt: skip
+    assert [processor.decode(r.hypotheses[0][1:]) for r in results] == case["beam_texts"]
 
 
 def test_what_is_not_supported_yet_is_refused_in_one_line(imported):
