@@ -20,7 +20,13 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from export.onnx_rewrites import _constants, _drop_unread_initializers, _replace, _scopes
+from export.onnx_rewrites import (
+    _attribute,
+    _constants,
+    _drop_unread_initializers,
+    _replace,
+    _scopes,
+)
 
 # Tensors of at least this many bytes go to the data file when the model keeps them apart.
 EXTERNAL_TENSOR_BYTES = 1024
@@ -46,10 +52,6 @@ def quantised(values, low, high):
         scale = np.float32(scale)
     rounded = (values.astype(np.float32) / scale).round() + zero_point
     return np.clip(rounded, low, high).astype(dtype), scale, zero_point
-
-
-def _attribute(node, name, default):
-    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
 
 
 def _is_product(gemm):
@@ -92,7 +94,7 @@ class _Quantiser:
 
     def __init__(self, tensors):
         self.tensors = tensors
-        self.done = {}  # (float initializer's name, range): (quantised, scale, zero point) names
+        self.done = {}  # (float name, range, transposed): (quantised, scale, zero point) names
 
     def weight(self, name, scopes, value_range, transposed=False):
         key = name, value_range, transposed
