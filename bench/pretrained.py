@@ -6,6 +6,7 @@ import, and the import and export of NLLB's shape.
         [--rounds 3] [--threads 1,2]
     python bench/pretrained.py fine-tune [--root runs/pretrained] [--pretrain-steps 800]
         [--minutes 10]
+    python bench/pretrained.py fine-tune-m2m [--root runs/pretrained] [--minutes 10]
     python bench/pretrained.py size [--root runs/pretrained]
 
 The checkpoints are made by transformers in the venv of `bench/hf_fixtures.py` (`--hf-venv`,
@@ -35,6 +36,12 @@ of Multi30k de-en's training split stands for a pretrained checkpoint. It is imp
 scored on test_2016_flickr (`pipeline.evaluate`, the checkpoint's own search), fine-tuned for
 `--minutes` on the whole training split (`pipeline.train --init-from`), scored again; the
 import's ONNX export is scored with float32 and int8 weights.
+
+fine-tune-m2m: the NLLB test fixture (`tests/fixtures/hf_m2m/nllb`: 2 + 2 layers, d_model 32,
+trained briefly by transformers on Multi30k de-en, en-fr and fr-de) is imported and scored on
+test_2016_flickr in those three directions, fine-tuned for `--minutes` on Multi30k de-en
+(deu_Latn into eng_Latn, `pipeline.train --init-from`), and scored again in each direction.
+No transformers needed.
 
 size: a random checkpoint of NLLB-200-distilled-600M's shape (12 + 12 layers, d_model 1024, 16
 heads, FFN 4096, 256,206 embedding rows; an NLLB tokenizer over a SentencePiece model trained
@@ -526,27 +533,32 @@ def report_speed(best, imported, batches, args):
 # --- fine-tuning ---------------------------------------------------------------------------
 
 
-def test_file(root):
+def test_file(root, source="de", target="en"):
     """test_2016_flickr as `pipeline.evaluate --split FILE` takes it: source<TAB>reference."""
-    path = root / f"{TEST_SPLIT}.de-en.tsv"
+    path = root / f"{TEST_SPLIT}.{source}-{target}.tsv"
     if not path.exists():
         pairs = zip(
-            hf_fixtures.read_lines(TEST_SPLIT, "de"), hf_fixtures.read_lines(TEST_SPLIT, "en")
+            hf_fixtures.read_lines(TEST_SPLIT, source), hf_fixtures.read_lines(TEST_SPLIT, target)
         )
         path.write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
     return path
 
 
-def bleu(workdir, test):
-    run([sys.executable, "-m", "pipeline.evaluate", "--workdir", workdir, "--split", test],
-        stdout=subprocess.DEVNULL)  # fmt: skip
+def bleu(workdir, test, languages=None):
+    """`pipeline.evaluate`'s BLEU of `workdir`'s model on `test`; `languages`: its (source,
+    target) codes, for a many-to-many import."""
+    flags = ["--source-language", languages[0], "--target-language", languages[1]] if (
+        languages) else []  # fmt: skip
+    run([sys.executable, "-m", "pipeline.evaluate", "--workdir", workdir, "--split", test,
+         *flags], stdout=subprocess.DEVNULL)  # fmt: skip
     report = max(workdir.glob("eval_*.json"), key=lambda p: p.stat().st_mtime)
     return json.loads(report.read_text())["bleu"]
 
 
-def fine_tuning_config(path, minutes):
-    """The user's config for the fine-tuning: data and schedule only; the model, vocabularies
-    and search come from the import."""
+def fine_tuning_config(path, minutes, languages=None):
+    """The user's config for the fine-tuning on Multi30k de-en: data and schedule only (and a
+    many-to-many import's `languages`, its codes for de and en); the model, vocabularies and
+    search come from the import."""
     files = {
         f"{split}_{side}": next(p for p in (MULTI30K / f"{name}.{language}",
                                             MULTI30K / f"{name}.{language}.gz") if p.exists())
@@ -554,6 +566,8 @@ def fine_tuning_config(path, minutes):
         for side, language in (("source", "de"), ("target", "en"))
     }  # fmt: skip
     text = "data:\n" + "".join(f"  {key}: {path.resolve()}\n" for key, path in files.items())
+    if languages:
+        text += f"  source_language: {languages[0]}\n  target_language: {languages[1]}\n"
     text += f"""\
 train:
   epochs: 100
@@ -600,6 +614,33 @@ def fine_tune(args):
     after = bleu(tuned, test)
     log(f"\ntest_2016_flickr BLEU: import {before}, fine-tuned {after} ({after - before:+.2f}); "
         f"the import through ONNX Runtime: {float32} float32, {int8} int8")  # fmt: skip
+
+
+M2M_FIXTURE = PROJECT_ROOT / "tests" / "fixtures" / "hf_m2m" / "nllb"
+M2M_CODES = {"de": "deu_Latn", "en": "eng_Latn", "fr": "fra_Latn"}
+M2M_TUNED = ("de", "en")  # the direction fine-tuned; the fixture's others are scored too
+M2M_SCORED = (("de", "en"), ("en", "fr"), ("fr", "de"))
+
+
+def fine_tune_m2m(args):
+    root = args.root.resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    imported, tuned = root / "nllb-fixture-import", root / "nllb-fixture-fine-tuned"
+    for path in (imported, tuned):
+        shutil.rmtree(path, ignore_errors=True)
+    run([sys.executable, "-m", "pipeline.import_model", M2M_FIXTURE, "--workdir", imported])
+    tests = {pair: test_file(root, *pair) for pair in M2M_SCORED}
+    codes = {pair: tuple(M2M_CODES[language] for language in pair) for pair in M2M_SCORED}
+    before = {pair: bleu(imported, tests[pair], codes[pair]) for pair in M2M_SCORED}
+    config = fine_tuning_config(root / "fine-tune-m2m.yaml", args.minutes, codes[M2M_TUNED])
+    run([sys.executable, "-m", "pipeline.train", "--config", config, "--workdir", tuned,
+         "--init-from", imported])  # fmt: skip
+    after = {pair: bleu(tuned, tests[pair], codes[pair]) for pair in M2M_SCORED}
+    log(f"\n{TEST_SPLIT} BLEU, the NLLB fixture imported -> fine-tuned on "
+        f"{'-'.join(M2M_TUNED)}:")  # fmt: skip
+    for pair in M2M_SCORED:
+        log(f"  {'-'.join(pair)}: {before[pair]} -> {after[pair]} "
+            f"({after[pair] - before[pair]:+.2f})")  # fmt: skip
 
 
 # --- size: NLLB-200-distilled-600M's shape -------------------------------------------------
@@ -738,7 +779,7 @@ def main():
         worker(engine, model_path, json.loads(source), int(threads))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("task", choices=("speed", "fine-tune", "size"))
+    parser.add_argument("task", choices=("speed", "fine-tune", "fine-tune-m2m", "size"))
     parser.add_argument("--root", type=Path, default=PROJECT_ROOT / "runs" / "pretrained")
     parser.add_argument(
         "--hf-venv",
@@ -761,9 +802,12 @@ def main():
         default=800,
         help="fine-tune: the checkpoint's training steps in transformers",
     )
-    parser.add_argument("--minutes", type=float, default=10, help="fine-tune: training time")
+    parser.add_argument("--minutes", type=float, default=10,
+                        help="fine-tune, fine-tune-m2m: training time")  # fmt: skip
     args = parser.parse_args()
-    {"speed": speed, "fine-tune": fine_tune, "size": nllb_size}[args.task](args)
+    tasks = {"speed": speed, "fine-tune": fine_tune, "fine-tune-m2m": fine_tune_m2m,
+             "size": nllb_size}  # fmt: skip
+    tasks[args.task](args)
 
 
 if __name__ == "__main__":

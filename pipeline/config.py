@@ -130,12 +130,13 @@ SCHEMA = {
         "target_language_tokens": Field(dict, None, "{target language code: the token a "
                                         "target starts with} of a model with "
                                         "model.target_language_first", nullable=True),
-        "source_language": Field(str, None, "the source language's code in the ONNX export's "
-                                 "model.json (null: the training files' suffix, de in "
-                                 "train.de.gz)", nullable=True),
-        "target_language": Field(str, None, "the target language's code in the ONNX export's "
-                                 "model.json (null: the training files' suffix, en in "
-                                 "train.en.gz)", nullable=True),
+        "source_language": Field(str, None, "the training pairs' source language: its code in "
+                                 "the ONNX export's model.json, or a many-to-many import's "
+                                 "(deu_Latn) when fine-tuning it (null: the training files' "
+                                 "suffix, de in train.de.gz)", nullable=True),
+        "target_language": Field(str, None, "the training pairs' target language, as "
+                                 "data.source_language (null: the training files' suffix, en "
+                                 "in train.en.gz)", nullable=True),
     },
     # "model": the keys of the chosen model type, declared in pipeline.model_types.
     "train": {
@@ -447,9 +448,14 @@ def parse_overrides(assignments):
     return overrides
 
 
+# The data keys naming the language tokens of an imported model's vocabulary (which a
+# fine-tuning run takes from it).
+LANGUAGE_TOKEN_KEYS = ("language_tags", "source_language_tags", "target_language_tokens")
+
+
 def _check_consistency(config, where, saved=False):
     data = config["data"]
-    for key in ("language_tags", "source_language_tags", "target_language_tokens"):
+    for key in LANGUAGE_TOKEN_KEYS:
         tags = data[key] or {}
         if tags and data["multiway_train"]:
             raise UserError(f"{where}: data.{key} and data.multiway_train are alternatives")
@@ -484,6 +490,8 @@ def _check_consistency(config, where, saved=False):
         raise UserError(
             f"{where}: data.train_corpora replaces data.train_source/target/tsv; give one of them"
         )
+    if any(given):  # a many-to-many import fine-tuned: its pairs' languages
+        multilingual.pair_tokens(data, f"{where}: data")
     _check_training_settings(config, where, saved)
 
 

@@ -9,8 +9,8 @@ FILE is a TSV of source<TAB>reference. The report is printed and written to
 DIR/eval_<split>.json. With `--workdir` given again for each further model, an ensemble of
 one vocabulary is evaluated (`--weights`), into DIR/eval_<split>.ensemble-of-N.json of the
 first model's DIR. An imported many-to-many model (M2M100, NLLB) is told the split's
-languages (`--source-language`, `--target-language`); its report has no perplexity (measured
-on pairs as the toolkit's own models take them).
+languages (`--source-language`, `--target-language`; by default, for the configuration's own
+test and valid splits, the languages it was fine-tuned on); its report has no perplexity.
 """
 
 import argparse
@@ -40,7 +40,8 @@ def parse_args(argv):
     for side in ("source", "target"):
         parser.add_argument(f"--{side}-language", metavar="CODE",
                             help=f"an imported many-to-many model: the split's {side} "
-                            "language, by the checkpoint's code")  # fmt: skip
+                            "language, by the checkpoint's code (default, for test and valid: "
+                            f"data.{side}_language of a fine-tuned one)")  # fmt: skip
     # Scored is each sentence's best translation: no n-best list.
     add_search_arguments(parser, exclude=("n_best",))
     return parser.parse_args(argv)
@@ -74,9 +75,15 @@ def translate_split(loaded, split, batch_size=None, directions=None, languages=(
     """
     from tqdm import tqdm
 
+    from pipeline.core import multilingual
     from pipeline.decoding.translation import Translator
 
     name, corpus = _corpus(loaded[0], split, directions)
+    data = loaded[0]["data"]
+    if data["target_language_tokens"] and name in ("test", "valid"):
+        # The configuration's split: a fine-tuned many-to-many import's pairs' languages.
+        pair = multilingual.pair_languages(data)
+        languages = (languages[0] or pair.get("source"), languages[1] or pair.get("target"))
     translator = Translator.from_trained(loaded, batch_size, **search)
     options = translator.options
     # The split's sources are as the model takes them (a multilingual one's, tagged), but for

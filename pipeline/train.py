@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pipeline.config import (
     DEFAULT_CONFIG,
+    LANGUAGE_TOKEN_KEYS,
     RELOCATABLE_DATA_KEYS,
     load_config,
 )
@@ -102,10 +103,6 @@ def inherited_overrides(config_path, overrides, init_from):
         raise UserError(f"--init-from {init_from}: no trained model there ({CONFIG_FILE} and "
                         f"{MODEL_FILE} expected)")  # fmt: skip
     trained = load_config(saved, saved=True)
-    if trained["data"]["target_language_tokens"]:
-        raise UserError(f"--init-from {init_from}: fine-tuning a many-to-many import (M2M100, "
-                        "NLLB) is not supported yet: its training pairs would need their "
-                        "language tokens")  # fmt: skip
     try:
         raw = yaml.safe_load(find_config(config_path).read_text(encoding="utf-8")) or {}
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
@@ -124,15 +121,20 @@ def inherited_overrides(config_path, overrides, init_from):
                       for key, value in trained[section].items()
                       if key not in named]  # fmt: skip
     data_named = {**(raw.get("data") or {}), **given.get("data", {})}
+    if trained["data"]["target_language_tokens"] and data_named.get("multiway_train"):
+        raise UserError(f"--init-from {init_from}: a many-to-many import is fine-tuned on one "
+                        "direction a run (data.train_* with data.source_language and "
+                        "data.target_language), not on data.multiway_train")  # fmt: skip
     paths = vocabulary_paths(init_from)
     for side, path in zip(SIDES, paths, strict=True):
         if not data_named.get(f"{side}_vocabulary"):
             inherited.append(f"data.{side}_vocabulary={path.resolve()}")
-    tags = trained["data"]["language_tags"]
-    if tags and "language_tags" not in data_named:  # the tags its vocabulary holds
-        inherited.append(
-            f"data.language_tags={yaml.safe_dump(tags, default_flow_style=True).strip()}"
-        )
+    for key in LANGUAGE_TOKEN_KEYS:  # the language tokens its vocabulary holds
+        tokens = trained["data"][key]
+        if tokens and key not in data_named:
+            inherited.append(
+                f"data.{key}={yaml.safe_dump(tokens, default_flow_style=True).strip()}"
+            )
     if "shared_vocabulary" not in data_named:
         inherited.append(f"data.shared_vocabulary={str(paths[0] == paths[1]).lower()}")
     return inherited
@@ -243,8 +245,12 @@ def _train(config, workdir, hooks, init_from, chief):
         for hook in hooks:
             hook(workdir, config, log)
     settings = config["export"]
-    languages = multilingual.languages(config["data"])  # the example sentence is German
+    data = config["data"]
+    languages = multilingual.languages(data)  # the example sentence is German
     target = [f" --target-language {code}" for code in languages if code != "de"][:1]
+    if data["target_language_tokens"]:  # a many-to-many import, told its languages
+        pair = multilingual.pair_languages(data)
+        target = [f" --source-language {pair['source']} --target-language {pair['target']}"]
     log(
         "\nDone. Everything is in " + str(workdir) + ":\n"
         f"  {CONFIG_FILE}, {MODEL_FILE}, vocab/, checkpoints/, logs/ "

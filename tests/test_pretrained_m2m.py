@@ -5,6 +5,7 @@ tokenizer layouts and what transformers gave for them, each sentence with its so
 target language: tokenizer ids, logits for forced targets, greedy and beam ids."""
 
 import json
+import re
 import subprocess
 
 import numpy as np
@@ -414,9 +415,128 @@ def test_ctranslate2_gives_generates_greedy_ids_and_beam_texts(imported, exporte
     assert [processor.decode(r.hypotheses[0][1:]) for r in results] == case["beam_texts"]
 
 
-def test_what_is_not_supported_yet_is_refused_in_one_line(imported):
-    """Fine-tuning these imports: refused before any work."""
+MULTI30K = PROJECT_ROOT / "data" / "multi30k"
+CODES = {"nllb": {"deu_Latn": "de", "eng_Latn": "en", "fra_Latn": "fr"}}
+
+
+def references(name):
+    """{index of a fixture sentence with labels: its reference}, found where the fixture
+    script took the sentence from (Multi30k's test_2016_flickr, in the direction's target
+    language)."""
+    import gzip
+
+    case = expected(name)
+    found = {}
+    for index in case["target_sentence_indices"]:
+        source, target = (CODES[name][case[f"{side}_languages"][index]]
+                          for side in ("source", "target"))  # fmt: skip
+        lines = {code: gzip.open(MULTI30K / f"test_2016_flickr.{code}.gz", "rt",
+                                 encoding="utf-8").read().splitlines()
+                 for code in (source, target)}  # fmt: skip
+        found[index] = lines[target][lines[source].index(case["sentences"][index])]
+    return found
+
+
+def direction_config(tmp_path, pairs, source, target, **train):
+    """A fine-tuning configuration of `pairs` (source, reference), in the direction
+    `source`-`target` (checkpoint codes), as training, validation and test split."""
+    import yaml
+
+    for side, lines in zip(("source", "target"), zip(*pairs)):
+        (tmp_path / f"pairs.{side}").write_text("".join(f"{line}\n" for line in lines),
+                                                encoding="utf-8")  # fmt: skip
+    data = {f"{split}_{side}": str(tmp_path / f"pairs.{side}")
+            for split in ("train", "valid", "test") for side in ("source", "target")}  # fmt: skip
+    config = {"data": {**data, "source_language": source, "target_language": target},
+              "train": {"precision": "float32", "epochs": 1, "steps_per_epoch": 2,
+                        "batch_size": 8, "attention_images": 0, **train}}  # fmt: skip
+    path = tmp_path / "direction.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+def test_fine_tuning_pairs_are_those_transformers_trains_on(imported, tmp_path):
+    """The training stream of a fine-tuning run gives each pair as transformers' tokenizer
+    gives it to train on: the source after its language's token (</s> the model appends),
+    the labels the target language's token, the pieces and </s>, decoding from </s>."""
+    from pipeline.config import load_config
+    from pipeline.data.corpus import scan_training_corpora
+    from pipeline.data.dataset import StreamCounters, stream_training_examples
     from pipeline.train import inherited_overrides
 
-    with pytest.raises(UserError, match="fine-tuning a many-to-many import"):
-        inherited_overrides(PROJECT_ROOT / "configs" / "smoke.yaml", [], imported["nllb"])
+    case = expected("nllb")
+    ids = id_map("nllb", imported["nllb"])
+    _, _, tokenizer, _ = load_trained(imported["nllb"])
+    start, eos = ids.to_checkpoint[2], ids.to_checkpoint[3]
+    for (index, reference), labels in zip(references("nllb").items(), case["target_ids"]):
+        pair = [(case["sentences"][index], reference)]
+        languages = case["source_languages"][index], case["target_languages"][index]
+        path = direction_config(tmp_path, pair, *languages)
+        data = load_config(path, inherited_overrides(path, [], imported["nllb"]))["data"]
+        corpora, _, _ = scan_training_corpora(data, log=lambda _: None)
+        counters = StreamCounters(corpora, [0])
+        stream, _ = stream_training_examples(corpora, tokenizer, tokenizer, data, counters, 0)
+        inputs, outputs = (x.numpy().tolist() for x in next(iter(stream)))
+        source = ids.checkpoint(inputs["source_ids"]) + [eos]
+        assert source == case["source_ids"][index]
+        assert ids.checkpoint(outputs) == labels
+        assert ids.checkpoint(inputs["target_input_ids"]) == [start, *labels[:-1]]
+
+
+def test_a_fine_tuned_import_is_scored_and_evaluated_in_its_direction(imported, tmp_path):
+    """Validation BLEU, the test report and pipeline.evaluate translate the split in the
+    direction fine-tuned: at learning rate 0, the references being generate()'s beam texts,
+    every score is 100; at another, the weights move."""
+    from pipeline import evaluate
+    from pipeline.train import main as train
+
+    case = expected("nllb")
+    (source, target), indices = next(iter(by_direction(case).items()))
+    pairs = [(case["sentences"][i], case["beam_texts"][i]) for i in indices]
+    config = direction_config(
+        tmp_path, pairs, source, target, learning_rate=0.0, bleu_every_epochs=1
+    )
+    workdir = tmp_path / "tuned"
+    history = train(["--config", str(config), "--workdir", str(workdir),
+                     "--init-from", str(imported["nllb"])])  # fmt: skip
+    assert history.get("val_bleu") == [100.0]
+    assert json.loads((workdir / "test_report.json").read_text())["bleu"] == 100.0
+    evaluate.main(["--workdir", str(workdir), "--split", "test"])
+    assert json.loads((workdir / "eval_test.json").read_text())["bleu"] == 100.0
+    moved = tmp_path / "moved"
+    train(["--config", str(config), "--workdir", str(moved), "--init-from",
+           str(imported["nllb"]), "--set", "train.learning_rate=0.01"])  # fmt: skip
+    _, tuned, _, _ = load_trained(moved)
+    _, original, _, _ = load_trained(imported["nllb"])
+    assert any(not np.array_equal(a, b) for a, b in zip(tuned.get_weights(),
+                                                        original.get_weights()))  # fmt: skip
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"source_language": None}, "data.source_language: give the training pairs' source "
+     "language by the checkpoint's code; this model translates from"),
+    ({"target_language": "xx_Latn"}, "data.target_language: unknown language 'xx_Latn'"),
+])  # fmt: skip
+def test_a_fine_tuning_run_names_a_missing_or_unknown_language(imported, tmp_path, change,
+                                                               message):  # fmt: skip
+    import yaml
+
+    from pipeline.config import load_config
+    from pipeline.train import inherited_overrides
+
+    path = direction_config(tmp_path, [("Ein Hund.", "A dog.")], "deu_Latn",
+                            "eng_Latn")  # fmt: skip
+    config = yaml.safe_load(path.read_text())
+    config["data"].update(change)
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(UserError, match=re.escape(message)):
+        load_config(path, inherited_overrides(path, [], imported["nllb"]))
+
+
+def test_a_multi_way_fine_tuning_of_an_import_is_refused_in_one_line(imported):
+    from pipeline.train import inherited_overrides
+
+    with pytest.raises(UserError, match="fine-tuned on one direction a run"):
+        inherited_overrides(
+            PROJECT_ROOT / "configs" / "smoke_multilingual.yaml", [], imported["nllb"]
+        )

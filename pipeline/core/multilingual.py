@@ -288,10 +288,40 @@ def model_languages(data):
                 "target_tokens": targets}  # fmt: skip
     found = {"targets": sorted(data["language_tags"]), "tags": language_tags(data)} if data.get(
         "language_tags") else {}  # fmt: skip
+    return {**found, **pair_languages(data)}
+
+
+def pair_languages(data):
+    """{"source": code, "target": code} of a configuration's pairs: each side's
+    `data.<side>_language`, else the language suffix its training files all share
+    (train.de.gz -> de); a side with neither is left out."""
+    found = {}
     for side in ("source", "target"):
-        paths = [data[f"train_{side}"]] + [c.get(side) for c in data["train_corpora"] or []]
+        paths = [data.get(f"train_{side}")] + [c.get(side) for c in data.get("train_corpora") or []]
         codes = {_language_suffix(path) for path in paths if path}
-        code = data[f"{side}_language"] or (codes.pop() if len(codes) == 1 else None)
+        code = data.get(f"{side}_language") or (codes.pop() if len(codes) == 1 else None)
         if code:
             found[side] = code
     return found
+
+
+def pair_tokens(data, where="data"):
+    """(source token, target token) that a many-to-many import's training, validation and
+    test pairs start with, as transformers tokenises them for fine-tuning: the source
+    language's token before the source, the target language's first in the target (the
+    languages are `pair_languages`', by the checkpoint's codes); ("", "") for the other
+    models. A missing or unknown language is a `UserError` naming its key."""
+    if not data.get("target_language_tokens"):
+        return "", ""
+    languages = pair_languages(data)
+    tokens = []
+    for side, known in (("source", source_language_tags(data)),
+                        ("target", target_language_tokens(data))):  # fmt: skip
+        code, preposition = languages.get(side), "from" if side == "source" else "into"
+        if code not in known:
+            what = f"unknown language {code!r}" if code else (
+                f"give the training pairs' {side} language by the checkpoint's code")  # fmt: skip
+            raise UserError(f"{where}.{side}_language: {what}; this model translates "
+                            f"{preposition} {listed(known)}")  # fmt: skip
+        tokens.append(known[code])
+    return tuple(tokens)

@@ -36,6 +36,18 @@ class ParallelCorpus:
         return len(self.sources)
 
 
+def with_pair_tokens(corpus, source_token, target_token):
+    """`corpus` with each source after `source_token` and each target after `target_token`
+    (`multilingual.pair_tokens`; "" adds nothing; a blank line stays blank), as a many-to-many
+    import takes its pairs when it is trained or scored."""
+    if not source_token and not target_token:
+        return corpus
+    sides = ((corpus.sources, source_token), (corpus.targets, target_token))
+    sources, targets = (multilingual.tagged(lines, token) if token else lines
+                        for lines, token in sides)  # fmt: skip
+    return dataclasses.replace(corpus, sources=sources, targets=targets)
+
+
 def _open_text(path):
     """(the file's text, plain or gunzipped; the file on disk, for progress in it)."""
     path = Path(path)
@@ -175,7 +187,10 @@ class TrainingCorpus:
     shards: tuple
     weight: float
     bad_lines: int
-    source_prefix: str = ""  # before each source line: a multilingual model's target tag
+    # Before each source line: a multilingual model's target tag, or a many-to-many import's
+    # source-language token; before each target line: that import's target-language token.
+    source_prefix: str = ""
+    target_prefix: str = ""
 
     @property
     def lines(self):
@@ -332,6 +347,8 @@ def scan_training_corpora(data_config, sample_size=0, seed=0, log=print):
     """
     samples = (Reservoir(sample_size, seed), Reservoir(sample_size, seed)) if sample_size else ()
     skip = data_config["skip_bad_lines"]
+    tokens = multilingual.pair_tokens(data_config)
+    prefixes = [f"{token} " if token else "" for token in tokens]
     specs = _corpus_specs(data_config)
     files = [_corpus_files(spec) for spec in specs]
     size = sum(os.path.getsize(p) for _, pairs in files for pair in pairs for p in pair if p)
@@ -362,7 +379,8 @@ def scan_training_corpora(data_config, sample_size=0, seed=0, log=print):
                 raise UserError(f"{name}: every line is bad (undecodable or, in a TSV, without a "
                                 "tab): no usable training pairs")  # fmt: skip
             bad_lines = sum(bad_by_side)
-            corpora.append(TrainingCorpus(name, tuple(shards), spec["weight"], bad_lines))
+            corpora.append(TrainingCorpus(name, tuple(shards), spec["weight"], bad_lines,
+                                          *prefixes))  # fmt: skip
     for corpus in corpora:
         log(
             f"train: {corpus.name}: {corpus.lines:,} lines in {len(corpus.shards)} file(s)"
@@ -370,8 +388,9 @@ def scan_training_corpora(data_config, sample_size=0, seed=0, log=print):
             + (f", weight {corpus.weight:g}" if len(corpora) > 1 else "")
         )
     pairs = [p for p in zip(*(r.lines for r in samples)) if None not in p] if samples else []
-    source_sample, target_sample = [s for s, _ in pairs], [t for _, t in pairs]
-    return corpora, source_sample, target_sample
+    sample = with_pair_tokens(ParallelCorpus([s for s, _ in pairs], [t for _, t in pairs], ""),
+                              *tokens)  # fmt: skip
+    return corpora, sample.sources, sample.targets
 
 
 def temperature_weights(sizes, temperature):

@@ -238,10 +238,20 @@ def _is_utf8(lines):
     return tf.equal(tf.strings.unicode_transcode(lines, "UTF-8", "UTF-8", errors="replace"), lines)
 
 
-def _encoder(source_tokenizer, target_tokenizer, data_config, counts, tsv, source_prefix=""):
+def _prefixed(lines, prefix):
+    """`prefix` before each of `lines` (a string tensor), but a blank line stays blank, to be
+    dropped as empty."""
+    if not prefix:
+        return lines
+    return tf.where(tf.equal(tf.strings.strip(lines), ""), lines, prefix + lines)
+
+
+def _encoder(source_tokenizer, target_tokenizer, data_config, counts, tsv, source_prefix="",
+             target_prefix=""):  # fmt: skip
     """The map from a batch of lines to the training examples of the pairs it keeps, as
     ragged `({"source_ids", "target_input_ids"}, target_output_ids)`, counting what it reads
-    and drops into `counts`. Bad lines (already counted by the corpus scan) are dropped only
+    and drops into `counts`; `source_prefix` and `target_prefix` go before each side's lines
+    (`TrainingCorpus`'). Bad lines (already counted by the corpus scan) are dropped only
     where `data.skip_bad_lines` lets the scan pass them. Working on whole batches keeps the
     per-pair work of the stream to unbatching, shuffling and bucketing."""
     check = data_config["skip_bad_lines"]
@@ -257,9 +267,8 @@ def _encoder(source_tokenizer, target_tokenizer, data_config, counts, tsv, sourc
             )
         if check:
             valid &= _is_utf8(source_lines) & _is_utf8(target_lines)
-        if source_prefix:  # a blank line stays blank, to be dropped as empty
-            blank = tf.equal(tf.strings.strip(source_lines), "")
-            source_lines = tf.where(blank, source_lines, source_prefix + source_lines)
+        source_lines = _prefixed(source_lines, source_prefix)
+        target_lines = _prefixed(target_lines, target_prefix)
         source = source_tokenizer.tokenize(tf.where(valid, source_lines, ""))
         target = target_tokenizer.tokenize(tf.where(valid, target_lines, ""))
         empty, too_long = _kept(source.row_lengths(), target.row_lengths(), data_config)
@@ -314,7 +323,7 @@ def stream_training_examples(
             lines = lines.shard(pipelines, pipeline)
         encode = _encoder(
             source_tokenizer, target_tokenizer, data_config, counters.counts[number],
-            corpus.is_tsv, corpus.source_prefix,
+            corpus.is_tsv, corpus.source_prefix, corpus.target_prefix,
         )  # fmt: skip
         examples = (
             lines.batch(STREAM_TOKENIZE_BATCH)

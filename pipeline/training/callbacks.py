@@ -406,20 +406,21 @@ class StopOnSignal(keras.callbacks.Callback):
 
 
 class ValidationBleu(keras.callbacks.Callback):
-    """Every `every_epochs` epochs, translates a validation subset and logs `val_bleu` and
-    `val_chrf`, and for a multilingual model `val_bleu_<direction>` for each of its
-    `directions` (`(name, start, end)` lines of the subset).
+    """Every `every_epochs` epochs, translates a validation subset (`sources`, with their
+    `target_prefix`es or None) and logs `val_bleu` and `val_chrf`, and for a multilingual
+    model `val_bleu_<direction>` for each of its `directions` (`(name, start, end)` lines of
+    the subset).
 
     `translator` decodes with `float32_model`, the plain float32 model that is saved and
     exported, which first takes the trained weights.
     """
 
-    def __init__(self, translator, float32_model, sources, references, every_epochs,
-                 directions=()):  # fmt: skip
+    def __init__(self, translator, float32_model, sources, target_prefix, references,
+                 every_epochs, directions=()):  # fmt: skip
         super().__init__()
         self.translator = translator
         self.float32_model = float32_model
-        self.sources = sources
+        self.sources, self.target_prefix = sources, target_prefix
         self.references = references
         self.every_epochs = every_epochs
         self.directions = directions
@@ -428,7 +429,7 @@ class ValidationBleu(keras.callbacks.Callback):
         if (epoch + 1) % self.every_epochs:
             return
         self.float32_model.set_weights(self.model.get_weights())
-        hypotheses = self.translator.translate(self.sources)
+        hypotheses = self.translator.translate(self.sources, self.target_prefix)
         if logs is None:
             return
         scores = score_translations(hypotheses, self.references)
@@ -442,8 +443,10 @@ class StoppingScores(ValidationBleu):
     """`ValidationBleu` every epoch, before early stopping and `KeepBest` read it: for a run
     that stops or keeps checkpoints by BLEU or chrF."""
 
-    def __init__(self, translator, float32_model, sources, references, directions=()):
-        super().__init__(translator, float32_model, sources, references, 1, directions)
+    def __init__(self, translator, float32_model, sources, target_prefix, references,
+                 directions=()):  # fmt: skip
+        super().__init__(translator, float32_model, sources, target_prefix, references, 1,
+                         directions)  # fmt: skip
 
 
 class AttentionImages(keras.callbacks.Callback):
@@ -453,11 +456,11 @@ class AttentionImages(keras.callbacks.Callback):
     `translator` decodes with `float32_model`, as in `ValidationBleu`.
     """
 
-    def __init__(self, translator, float32_model, sources, log_dir):
+    def __init__(self, translator, float32_model, sources, target_prefix, log_dir):
         super().__init__()
         self.translator = translator
         self.float32_model = float32_model
-        self.sources = sources
+        self.sources, self.target_prefix = sources, target_prefix  # as `ValidationBleu`'s
         self.log_dir = str(log_dir)
         self._writer = None
 
@@ -465,7 +468,8 @@ class AttentionImages(keras.callbacks.Callback):
         self.float32_model.set_weights(self.model.get_weights())
         if self._writer is None:
             self._writer = tf.summary.create_file_writer(self.log_dir)
-        hypotheses = [n_best[0] for n_best in self.translator.hypotheses(self.sources)]
+        hypotheses = [n_best[0] for n_best in
+                      self.translator.hypotheses(self.sources, self.target_prefix)]  # fmt: skip
         with self._writer.as_default(step=epoch + 1):
             for number, hypothesis in enumerate(hypotheses, start=1):
                 if not hypothesis.target_tokens or not hypothesis.source_tokens:

@@ -15,7 +15,12 @@ from pipeline.config import save_config
 from pipeline.core import multilingual
 from pipeline.core.atomic_files import write_text_atomically
 from pipeline.core.errors import UserError, first_line
-from pipeline.data.corpus import read_split, scan_multiway, scan_training_corpora
+from pipeline.data.corpus import (
+    read_split,
+    scan_multiway,
+    scan_training_corpora,
+    with_pair_tokens,
+)
 from pipeline.data.dataset import (
     ESTIMATE_SAMPLE,
     StreamCounters,
@@ -229,12 +234,16 @@ class TrainingRun:
                 data, sample_size, train["seed"], self.log
             )
         self.corpora = {split: read_split(data, split) for split in ("valid", "test")}
+        self.pair_tokens = multilingual.pair_tokens(data)  # a many-to-many import's languages
         samples = {"source": source_sample, "target": target_sample, "languages": language_sample}
         self.tokenizers = prepare_tokenizers(self.output, data, samples, self.log)
         source, target = self.tokenizers
         self.log(f"Vocabularies: {source.vocab_size} source, {target.vocab_size} target")
-        self.valid_data = _validation_data(self.config, self.corpora["valid"], self.tokenizers,
-                                           self.log)  # fmt: skip
+        valid = self.corpora["valid"]
+        self.valid_data = _validation_data(
+            self.config, valid and with_pair_tokens(valid, *self.pair_tokens), self.tokenizers,
+            self.log,
+        )  # fmt: skip
         self.segmenters = training_tokenizers(self.tokenizers, data)
         if self.segmenters is not self.tokenizers:
             alpha = data["subword_sampling_alpha"]
@@ -444,7 +453,7 @@ class TrainingRun:
         callbacks = []
         if self.metric.name != "loss" or train["bleu_every_epochs"]:
             sources, references, directions = _bleu_subset(valid, train["bleu_subset"])
-            subset = (self.translator, self.float32_model, sources, references)
+            subset = (self.translator, self.float32_model, *self.requests(sources), references)
             callbacks.append(
                 training_callbacks.StoppingScores(*subset, directions)  # every epoch, first
                 if self.metric.name != "loss"
@@ -455,7 +464,8 @@ class TrainingRun:
         attends = MODEL_TYPES[self.config["model"]["type"]].attends(self.config["model"])
         if train["attention_images"] and self.valid_data is not None and attends:
             callbacks.append(training_callbacks.AttentionImages(
-                self.translator, self.float32_model, valid.sources[: train["attention_images"]],
+                self.translator, self.float32_model,
+                *self.requests(valid.sources[: train["attention_images"]]),
                 self.workdir / LOG_DIR / "validation"))  # fmt: skip
         profiled = train["profile_steps"]
         steps = (PROFILE_AFTER + 1, PROFILE_AFTER + profiled) if profiled else 0
@@ -501,7 +511,7 @@ class TrainingRun:
         (None: as saved by an earlier command)."""
         corpus = self.corpora["test"]
         self.log(f"Translating the test split ({len(corpus)} sentences)...")
-        hypotheses = self.translator.translate(corpus.sources)
+        hypotheses = self.translator.translate(*self.requests(corpus.sources))
         report = score_translations(hypotheses, corpus.targets)
         if corpus.directions:  # a multilingual model: each direction on its own too
             report["directions"] = score_directions(hypotheses, corpus)
@@ -521,6 +531,15 @@ class TrainingRun:
             f"Test{pooled}: BLEU {report['bleu']} (lowercased {report['bleu_lowercase']}), "
             f"chrF {report['chrf']}, TER {report['ter']}  [{report['bleu_signature']}]"
         )
+
+    def requests(self, sources):
+        """(`sources` as the model takes them, their target prefixes): a many-to-many
+        import's after their language's token, each target prefix the target language's
+        (`multilingual.pair_tokens`); the others' as they are, without prefixes."""
+        source_token, target_token = self.pair_tokens
+        if not target_token:
+            return sources, None
+        return multilingual.tagged(sources, source_token), [target_token] * len(sources)
 
     def leave_scratch(self):
         """A worker other than the chief removes its scratch folder (and the scratch root,
