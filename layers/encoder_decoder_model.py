@@ -48,10 +48,16 @@ class EncoderDecoderModel(keras.Model):
         """(sum of the batch's per-token losses, its number of target tokens), both float32
         scalars; updates `token_accuracy` and `perplexity`."""
         mask = ops.not_equal(y, self.pad_id)
-        losses, nll = token_cross_entropy(y, y_pred, mask, self.label_smoothing)
+        losses, nll = token_cross_entropy(y, y_pred, mask, self.label_smoothing,
+                                          self.smoothing_spread())  # fmt: skip
         self.token_accuracy.update_state(y, y_pred, mask)
         self.perplexity.update_state(nll, mask)
         return ops.sum(losses), ops.sum(ops.cast(mask, "float32"))
+
+    def smoothing_spread(self):
+        """Label smoothing's distribution over the target ids, float32 `[target_vocab_size]`;
+        None: uniform over every id."""
+        return None
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         # One device's objective. Under a tf.distribute strategy, train the twin that

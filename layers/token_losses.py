@@ -5,13 +5,15 @@ import tensorflow as tf
 from keras import ops
 
 
-def token_cross_entropy(labels, logits, mask, label_smoothing=0.0):
+def token_cross_entropy(labels, logits, mask, label_smoothing=0.0, spread=None):
     """Per-token losses over padded targets.
 
     Args:
         labels: int `[batch, tgt_len]`; logits: `[batch, tgt_len, vocab]`;
         mask: boolean `[batch, tgt_len]`, True at real tokens.
         label_smoothing: epsilon; the target distribution is (1 - eps) one-hot + eps uniform.
+        spread: float32 `[vocab]` summing to 1, the distribution label smoothing spreads
+            instead of the uniform one (a model's, over the ids it may output), or None.
 
     Returns:
         (loss, nll), both float32 `[batch, tgt_len]` and 0 at padding: `loss` is the smoothed
@@ -30,14 +32,21 @@ def token_cross_entropy(labels, logits, mask, label_smoothing=0.0):
         # made several more passes over [batch, tgt_len, vocab].
         # TensorFlow's own ops: keras.ops' one_hot has no on/off values (two more passes).
         vocab_size = tf.shape(logits)[-1]
-        off = label_smoothing / tf.cast(vocab_size, "float32")
-        target = tf.one_hot(labels, vocab_size, on_value=1.0 - label_smoothing + off, off_value=off)
-        loss = tf.nn.softmax_cross_entropy_with_logits(target, logits)
-        # loss = logsumexp(z) - (1 - eps) z_label - eps mean(z), so nll = logsumexp(z) - z_label
-        # is loss - eps (z_label - mean(z)).
         fixed = ops.stop_gradient(logits)
+        if spread is None:
+            off = label_smoothing / tf.cast(vocab_size, "float32")
+            target = tf.one_hot(labels, vocab_size, on_value=1.0 - label_smoothing + off,
+                                off_value=off)  # fmt: skip
+            spread_logits = ops.mean(fixed, axis=-1)
+        else:
+            target = tf.one_hot(labels, vocab_size, on_value=1.0 - label_smoothing,
+                                off_value=0.0) + label_smoothing * spread  # fmt: skip
+            spread_logits = tf.tensordot(fixed, spread, 1)
+        loss = tf.nn.softmax_cross_entropy_with_logits(target, logits)
+        # loss = logsumexp(z) - (1 - eps) z_label - eps E_spread(z), so nll = logsumexp(z) -
+        # z_label is loss - eps (z_label - E_spread(z)).
         label_logits = ops.take_along_axis(fixed, labels[..., None], axis=-1)[..., 0]
-        nll = loss - label_smoothing * (label_logits - ops.mean(fixed, axis=-1))
+        nll = loss - label_smoothing * (label_logits - spread_logits)
     weights = ops.cast(mask, "float32")
     return loss * weights, nll * weights
 
@@ -48,7 +57,7 @@ PROJECTION_CHUNK = 256
 
 
 @tf.function(jit_compile=True)  # XLA fuses the passes over the chunk's logits into a few loops
-def _chunk_cross_entropy(features, labels, valid, kernel, label_smoothing):
+def _chunk_cross_entropy(features, labels, valid, kernel, label_smoothing, spread):
     """Sums over one chunk of positions and their gradients; see the caller."""
     logits = tf.matmul(features, kernel)
     top = tf.reduce_max(logits, axis=-1)
@@ -56,13 +65,12 @@ def _chunk_cross_entropy(features, labels, valid, kernel, label_smoothing):
     total = tf.reduce_sum(exp, axis=-1)
     label_logits = tf.gather(logits, labels, batch_dims=1)
     nll = top + tf.math.log(total) - label_logits
-    loss = nll + label_smoothing * (label_logits - tf.reduce_mean(logits, axis=-1))
+    loss = nll + label_smoothing * (label_logits - tf.linalg.matvec(logits, spread))
     hits = tf.cast(label_logits >= top, tf.float32)
     vocab_size = tf.shape(logits)[-1]
     # d loss / d logits = softmax - the smoothed one-hot, zero at the padding rows.
     target = tf.one_hot(labels, vocab_size, on_value=1.0 - label_smoothing, off_value=0.0)
-    uniform = label_smoothing / tf.cast(vocab_size, tf.float32)
-    grad_logits = (exp / total[:, None] - uniform - target) * valid[:, None]
+    grad_logits = (exp / total[:, None] - label_smoothing * spread - target) * valid[:, None]
     return (
         tf.reduce_sum(loss * valid),
         tf.reduce_sum(nll * valid),
@@ -72,7 +80,7 @@ def _chunk_cross_entropy(features, labels, valid, kernel, label_smoothing):
     )
 
 
-def projected_token_cross_entropy(features, labels, kernel, label_smoothing=0.0):
+def projected_token_cross_entropy(features, labels, kernel, label_smoothing=0.0, spread=None):
     """`token_cross_entropy` of the logits `features @ kernel`, summed, without ever holding
     the logits of every position: they are made, scored and differentiated
     `PROJECTION_CHUNK` positions at a time, so the `[positions, vocab]` passes of the plain
@@ -83,7 +91,7 @@ def projected_token_cross_entropy(features, labels, kernel, label_smoothing=0.0)
     Args:
         features: float `[positions, model_dim]`, real (non-padding) positions only.
         labels: int `[positions]`; kernel: float `[model_dim, vocab]`.
-        label_smoothing: epsilon, as in `token_cross_entropy`.
+        label_smoothing, spread: as in `token_cross_entropy`.
 
     Returns:
         float32 scalars (loss_sum, nll_sum, hits): the summed smoothed cross-entropy (the one
@@ -92,6 +100,9 @@ def projected_token_cross_entropy(features, labels, kernel, label_smoothing=0.0)
     """
     labels = tf.cast(labels, tf.int32)
     label_smoothing = tf.constant(label_smoothing, tf.float32)
+    if spread is None:
+        vocab_size = tf.shape(kernel)[1]
+        spread = tf.fill([vocab_size], 1.0 / tf.cast(vocab_size, tf.float32))
 
     @tf.custom_gradient
     def fused(features, kernel):
@@ -104,7 +115,7 @@ def projected_token_cross_entropy(features, labels, kernel, label_smoothing=0.0)
 
         def chunk(i, sums, kernel_grad, feature_grads):
             loss, nll, hits, feature_grad, chunk_kernel_grad = _chunk_cross_entropy(
-                rows[i], row_labels[i], valid[i], kernel, label_smoothing
+                rows[i], row_labels[i], valid[i], kernel, label_smoothing, spread
             )
             return (
                 i + 1,

@@ -64,8 +64,9 @@ class Transformer(EncoderDecoderModel):
             and NLLB's): see `EncoderDecoderModel`.
         scale_embeddings: embeddings are multiplied by sqrt(model_dim) (False: as they are).
         decoder_num_heads, decoder_intermediate_dim: the decoder's own (None: the encoder's).
-        suppressed_ids: target ids whose logit is `NEVER` at every decoding step, so that
-            search neither outputs them nor counts them in the softmax.
+        suppressed_ids: target ids whose logit is `NEVER` (at every decoding step and in
+            training), so that search never outputs them and no softmax counts them; label
+            smoothing spreads over the other ids.
         label_smoothing, pad_id, bos_id, eos_id: see `EncoderDecoderModel`.
     """
 
@@ -213,7 +214,7 @@ class Transformer(EncoderDecoderModel):
             self.output_bias = self.add_weight(
                 shape=(self._target_vocab_size,), initializer="zeros", name="output_bias"
             )
-        # A [vocab] bias added at each decoding step: NEVER at the suppressed ids.
+        # A [vocab] bias of the logits: NEVER at the suppressed ids.
         self._suppression = None
         if self.suppressed_ids:
             suppression = np.zeros(self._target_vocab_size, np.float32)
@@ -240,9 +241,26 @@ class Transformer(EncoderDecoderModel):
 
     def _logits(self, features):
         logits = self.target_embedding(features, reverse=True)
-        if self.output_bias is not None:
-            logits = logits + ops.cast(self.output_bias, logits.dtype)
-        return logits
+        bias = self.logit_bias()
+        return logits if bias is None else logits + ops.cast(bias, logits.dtype)
+
+    def logit_bias(self):
+        """float32 `[target_vocab_size]` added to the logits, or None: `output_bias` and
+        `NEVER` at the `suppressed_ids`."""
+        if self._suppression is None:
+            return None if self.output_bias is None else ops.cast(self.output_bias, "float32")
+        suppression = ops.convert_to_tensor(self._suppression, "float32")
+        if self.output_bias is None:
+            return suppression
+        return ops.cast(self.output_bias, "float32") + suppression
+
+    def smoothing_spread(self):
+        """Label smoothing's uniform distribution over the ids the model may output (not
+        `suppressed_ids`), float32 `[target_vocab_size]`; None: over every id."""
+        if self._suppression is None:
+            return None
+        allowed = (self._suppression == 0).astype(np.float32)
+        return ops.convert_to_tensor(allowed / allowed.sum())
 
     def _with_source_eos(self, source_ids):
         """`source_ids` with </s> after each source's last token (and one more column)."""
@@ -307,8 +325,6 @@ class Transformer(EncoderDecoderModel):
             x, cache, weights = layer.step(x, cache, memory_cache, encoded["memory_mask"])
             caches.append(cache)
         logits = self._logits(self._final_norm(self.decoder_norm, x))
-        if self._suppression is not None:
-            logits = logits + ops.convert_to_tensor(self._suppression, logits.dtype)
         weights = self._source_weights(weights, encoded["memory_mask"])
         return logits, {"self_attention": tuple(caches)}, weights
 

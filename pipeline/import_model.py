@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from pipeline.core.errors import UserError, report_user_errors
+from pipeline.core.multilingual import RequestLanguages, model_languages
 
 
 def parse_args(argv):
@@ -76,12 +77,16 @@ def import_checkpoint(source, workdir, log=log):
             shutil.rmtree(workdir, ignore_errors=True)
         raise
     decode = config["decode"]
+    inputs = RequestLanguages.of(model_languages(config["data"])).inputs
+    flags = "".join(f" --{name.replace('_', '-')} CODE" for name in reversed(inputs))
+    codes = (f"  (CODE: the checkpoint's language codes, listed in {workdir / CONFIG_FILE})\n"
+             if inputs else "")  # fmt: skip
     log(
         f"Imported into {workdir}: translates as transformers' generate() does (beam "
         f"{decode['beam_size']}, length penalty {decode['length_penalty']}, at most "
         f"{decode['max_length_cap']} tokens)\n"
-        f"Next:\n  python -m pipeline.translate --workdir {workdir} < input.txt\n"
-        f"  python -m export --workdir {workdir}"
+        f"Next:\n  python -m pipeline.translate --workdir {workdir}{flags} < input.txt\n"
+        f"{codes}  python -m export --workdir {workdir}"
     )
     return config
 

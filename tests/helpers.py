@@ -209,6 +209,16 @@ class IdMap:
     def ours(self, ids):
         return [self.to_ours[i] for i in ids]
 
+    def output_columns(self, suppressed):
+        """(our ids, the checkpoint's ids) of the logits a model may output: every id but the
+        `suppressed` ones, which cover no checkpoint id but its decoder start (Marian's
+        <pad>) when that is not its </s>."""
+        pairs = sorted((ours, theirs) for ours, theirs in self.to_checkpoint.items()
+                       if ours not in set(suppressed))  # fmt: skip
+        covered = {theirs for _, theirs in pairs}
+        assert set(self.to_ours) - covered <= {self.to_checkpoint[2]} - {self.to_checkpoint[3]}
+        return [ours for ours, _ in pairs], [theirs for _, theirs in pairs]
+
 
 def indices_by(keys):
     """{key: the indices where it stands in `keys`}, in order of first appearance."""

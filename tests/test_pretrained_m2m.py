@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 from helpers import PROJECT_ROOT, IdMap, indices_by, run_python
+from layers.transformer import NEVER
 from pipeline.core.errors import UserError
 from pipeline.decoding.search import search
 from pipeline.decoding.search_options import SearchOptions
@@ -97,14 +98,15 @@ def test_logits_for_forced_targets_match_transformers(imported, name):
     ids = id_map(name, imported[name])
     sources, _ = sources_and_prefixes(name, imported[name])
     sources = sources.to_tensor(0)
-    columns = [ids.to_ours[j] for j in range(len(ids.to_ours))]
+    ours, theirs_columns = ids.output_columns(model.suppressed_ids)
     for forced in expected(name)["forced"]:
         index = forced["sentence_index"]
         target = tf.constant([ids.ours(forced["decoder_input_ids"])])
         source = sources[index : index + 1]
         logits = model.forward({"source_ids": source, "target_input_ids": target})[0].numpy()[0]
-        theirs = np.array(forced["logits"], np.float32)
-        np.testing.assert_allclose(logits[:, columns], theirs, atol=LOGIT_TOLERANCE, rtol=0)
+        theirs = np.array(forced["logits"], np.float32)[:, theirs_columns]
+        np.testing.assert_allclose(logits[:, ours], theirs, atol=LOGIT_TOLERANCE, rtol=0)
+        assert (logits[:, list(model.suppressed_ids)] <= NEVER / 2).all()
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -481,6 +483,46 @@ def test_fine_tuning_pairs_are_those_transformers_trains_on(imported, tmp_path):
         assert source == case["source_ids"][index]
         assert ids.checkpoint(outputs) == labels
         assert ids.checkpoint(inputs["target_input_ids"]) == [start, *labels[:-1]]
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_the_training_loss_is_transformers_loss(imported, label_smoothing):
+    """The loss a fine-tuning run trains on (the training twin's, whose projection is
+    chunked, and the plain model's) is transformers' cross-entropy of the forced targets:
+    the ids the model never outputs take no share of the softmax, nor of label smoothing
+    (as transformers' label smoother spreads it over the checkpoint's vocabulary)."""
+    import copy
+
+    from pipeline.model_types.builder import build_model
+
+    config, model, _, _ = load_trained(imported["nllb"])
+    config = copy.deepcopy(config)
+    config["train"]["label_smoothing"] = label_smoothing
+    ids = id_map("nllb", imported["nllb"])
+    ours, theirs_columns = ids.output_columns(model.suppressed_ids)
+    assert len(set(theirs_columns)) == len(theirs_columns)
+    label_ids = dict(zip(theirs_columns, ours))
+    sources, _ = sources_and_prefixes("nllb", imported["nllb"])
+    case = expected("nllb")
+    vocab = model.target_vocab_size
+    models = [build_model(config, vocab, vocab, for_training=twin) for twin in (False, True)]
+    for built in models:
+        built.set_weights(model.get_weights())
+    for forced, labels in zip(case["forced"], case["target_ids"]):
+        index = forced["sentence_index"]
+        logits = np.array(forced["logits"], np.float64)
+        top = logits.max(axis=1, keepdims=True)
+        log_probs = logits - top - np.log(np.exp(logits - top).sum(axis=1, keepdims=True))
+        positions = np.arange(len(labels))
+        theirs = -((1 - label_smoothing) * log_probs[positions, labels]
+                   + label_smoothing * log_probs.mean(axis=1)).sum()  # fmt: skip
+        target = tf.constant([ids.ours(forced["decoder_input_ids"])])
+        inputs = {"source_ids": sources[index : index + 1].to_tensor(0), "target_input_ids": target}
+        y = tf.constant([[label_ids[label] for label in labels]])
+        for built in models:
+            loss_sum, tokens = built.token_loss(y, built(inputs))
+            assert float(tokens) == len(labels)
+            np.testing.assert_allclose(float(loss_sum), theirs, rtol=1e-4)
 
 
 def test_a_fine_tuned_import_is_scored_and_evaluated_in_its_direction(imported, tmp_path):

@@ -137,12 +137,14 @@ class TrainingTransformer(DistributedTraining, layers.Transformer):
     def token_loss(self, y, y_pred):
         mask = ops.not_equal(y, self.pad_id)
         features, kernel = tf.boolean_mask(y_pred, mask), self.output_kernel()
-        if self.output_bias is not None:  # the bias as one more feature, always 1
+        bias = self.logit_bias()
+        if bias is not None:  # the bias as one more feature, always 1
             features = tf.concat([features, tf.ones_like(features[:, :1])], axis=1)
-            kernel = tf.concat([kernel, tf.cast(self.output_bias, kernel.dtype)[None]], axis=0)
+            kernel = tf.concat([tf.cast(kernel, "float32"), bias[None]], axis=0)
         loss_sum, nll_sum, hits = projected_token_cross_entropy(
-            features, tf.boolean_mask(y, mask), kernel, self.label_smoothing
-        )
+            features, tf.boolean_mask(y, mask), kernel, self.label_smoothing,
+            self.smoothing_spread(),
+        )  # fmt: skip
         tokens = ops.sum(ops.cast(mask, "float32"))
         self.token_accuracy.add_counts(hits, tokens)
         self.perplexity.update_state(nll_sum, mask)
