@@ -130,13 +130,12 @@ SCHEMA = {
         "target_language_tokens": Field(dict, None, "{target language code: the token a "
                                         "target starts with} of a model with "
                                         "model.target_language_first", nullable=True),
-        "source_language": Field(str, None, "the training pairs' source language: its code in "
-                                 "the ONNX export's model.json, or a many-to-many import's "
-                                 "(deu_Latn) when fine-tuning it (null: the training files' "
-                                 "suffix, de in train.de.gz)", nullable=True),
-        "target_language": Field(str, None, "the training pairs' target language, as "
-                                 "data.source_language (null: the training files' suffix, en "
-                                 "in train.en.gz)", nullable=True),
+        "source_language": Field(str, None, "the pairs' source language (in model.json; an "
+                                 "import's own code, deu_Latn, to fine-tune it), null: the "
+                                 "files' suffix", nullable=True),
+        "target_language": Field(str, None, "the pairs' target language (in model.json; an "
+                                 "import's own code, fra_Latn, to fine-tune it), null: the "
+                                 "files' suffix", nullable=True),
     },
     # "model": the keys of the chosen model type, declared in pipeline.model_types.
     "train": {

@@ -386,3 +386,38 @@ def test_fine_tuning_an_import_keeps_its_model_vocabularies_and_search(imported,
     moved = [not np.array_equal(a, b) for a, b in
              zip(model.get_weights(), original_model.get_weights())]  # fmt: skip
     assert any(moved)
+
+
+def test_fine_tuning_a_multi_target_import_tags_its_sources(imported, tmp_path):
+    """Each training source starts with the tag of `data.target_language`, as the model is
+    asked at translation; without one, the configuration is refused in one line."""
+    from pipeline.config import load_config
+    from pipeline.data.corpus import scan_training_corpora
+    from pipeline.data.dataset import StreamCounters, stream_training_examples
+    from pipeline.train import inherited_overrides
+
+    workdir = imported["multi_target"]
+    _, _, source_tokenizer, target_tokenizer = load_trained(workdir)
+    sentence = "A dog runs across the meadow."
+    for side, text in (("source", sentence), ("target", "Un chien traverse le pré.")):
+        (tmp_path / f"pair.{side}").write_text(text + "\n", encoding="utf-8")
+    config = tmp_path / "domain.yaml"
+    config.write_text(
+        f"data:\n  train_source: {tmp_path / 'pair.source'}\n"
+        f"  train_target: {tmp_path / 'pair.target'}\n  target_language: fra\n"
+    )  # fmt: skip
+    data = load_config(config, inherited_overrides(config, [], workdir))["data"]
+    corpora, _, _ = scan_training_corpora(data, log=lambda _: None)
+    stream, _ = stream_training_examples(corpora, source_tokenizer, target_tokenizer, data,
+                                         StreamCounters(corpora, [0]), 0)  # fmt: skip
+    inputs, _ = next(iter(stream))
+    asked = source_tokenizer.tokenize(tf.constant(requests_for(workdir, [sentence], "fra")))
+    assert inputs["source_ids"].numpy().tolist() == asked.to_list()[0]
+    assert (
+        source_tokenizer.processor.id_to_piece(asked.to_list()[0][0]).lstrip("\u2581") == ">>fra<<"
+    )
+    config.write_text(config.read_text().replace("  target_language: fra\n", ""))
+    refusal = ("data.target_language: give the training pairs' target language by the "
+               "checkpoint's code; this model translates into deu, fra")  # fmt: skip
+    with pytest.raises(UserError, match=refusal):
+        load_config(config, inherited_overrides(config, [], workdir))

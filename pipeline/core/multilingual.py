@@ -306,17 +306,21 @@ def pair_languages(data):
 
 
 def pair_tokens(data, where="data"):
-    """(source token, target token) that a many-to-many import's training, validation and
-    test pairs start with, as transformers tokenises them for fine-tuning: the source
-    language's token before the source, the target language's first in the target (the
-    languages are `pair_languages`', by the checkpoint's codes); ("", "") for the other
+    """(source token, target token) that an imported model's training, validation and test
+    pairs start with, as transformers tokenises them for fine-tuning, the languages being
+    `pair_languages`' (by the checkpoint's codes): for a many-to-many import, the source
+    language's token before the source and the target language's first in the target; for a
+    multi-target one, the target language's tag before the source; ("", "") for the other
     models. A missing or unknown language is a `UserError` naming its key."""
-    if not data.get("target_language_tokens"):
+    if data.get("target_language_tokens"):
+        sides = (("source", source_language_tags(data)), ("target", target_language_tokens(data)))
+    elif data.get("language_tags") and not is_multilingual(data):
+        sides = (("target", language_tags(data)),)
+    else:
         return "", ""
     languages = pair_languages(data)
     tokens = []
-    for side, known in (("source", source_language_tags(data)),
-                        ("target", target_language_tokens(data))):  # fmt: skip
+    for side, known in sides:
         code, preposition = languages.get(side), "from" if side == "source" else "into"
         if code not in known:
             what = f"unknown language {code!r}" if code else (
@@ -324,4 +328,4 @@ def pair_tokens(data, where="data"):
             raise UserError(f"{where}.{side}_language: {what}; this model translates "
                             f"{preposition} {listed(known)}")  # fmt: skip
         tokens.append(known[code])
-    return tuple(tokens)
+    return tuple(tokens) if len(tokens) == 2 else (tokens[0], "")

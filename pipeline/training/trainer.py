@@ -533,13 +533,13 @@ class TrainingRun:
         )
 
     def requests(self, sources):
-        """(`sources` as the model takes them, their target prefixes): a many-to-many
-        import's after their language's token, each target prefix the target language's
-        (`multilingual.pair_tokens`); the others' as they are, without prefixes."""
+        """(`sources` as the model takes them, their target prefixes or None): an imported
+        model's after their token, each target prefix a many-to-many import's target
+        language token (`multilingual.pair_tokens`); the others' as they are."""
         source_token, target_token = self.pair_tokens
-        if not target_token:
-            return sources, None
-        return multilingual.tagged(sources, source_token), [target_token] * len(sources)
+        if source_token:
+            sources = multilingual.tagged(sources, source_token)
+        return sources, [target_token] * len(sources) if target_token else None
 
     def leave_scratch(self):
         """A worker other than the chief removes its scratch folder (and the scratch root,
