@@ -75,7 +75,7 @@ def score(loaded, split, beam_size=None, length_penalty=None):
     from pipeline.decoding.evaluation import score_translations
     from pipeline.evaluate import translate_split
 
-    _, corpus, hypotheses, options = translate_split(
+    _, corpus, hypotheses, options, _ = translate_split(
         loaded, split, beam_size=beam_size, length_penalty=length_penalty
     )
     report = score_translations(hypotheses, corpus.targets)

@@ -9,8 +9,9 @@ FILE is a TSV of source<TAB>reference. The report is printed and written to
 DIR/eval_<split>.json. With `--workdir` given again for each further model, an ensemble of
 one vocabulary is evaluated (`--weights`), into DIR/eval_<split>.ensemble-of-N.json of the
 first model's DIR. An imported many-to-many model (M2M100, NLLB) is told the split's
-languages (`--source-language`, `--target-language`; by default, for the configuration's own
-test and valid splits, the languages it was fine-tuned on); its report has no perplexity.
+languages (`--source-language`, `--target-language`), an imported multi-target one its target
+language; by default, for the configuration's own test and valid splits, the languages it was
+fine-tuned on.
 """
 
 import argparse
@@ -39,9 +40,10 @@ def parse_args(argv):
                         "(default: the trained ones)")  # fmt: skip
     for side in ("source", "target"):
         parser.add_argument(f"--{side}-language", metavar="CODE",
-                            help=f"an imported many-to-many model: the split's {side} "
-                            "language, by the checkpoint's code (default, for test and valid: "
-                            f"data.{side}_language of a fine-tuned one)")  # fmt: skip
+                            help=f"an imported many-to-many model (or multi-target, the "
+                            f"target): the split's {side} language, by the checkpoint's code "
+                            f"(default, for test and valid: data.{side}_language of a fine-tuned "
+                            "one)")  # fmt: skip
     # Scored is each sentence's best translation: no n-best list.
     add_search_arguments(parser, exclude=("n_best",))
     return parser.parse_args(argv)
@@ -67,46 +69,56 @@ def translate_split(loaded, split, batch_size=None, directions=None, languages=(
                     **search):  # fmt: skip
     """Translate a split with a trained model, `load_trained`'s (config, model, source
     tokenizer, target tokenizer), and its decode settings (overridden by `search`, any
-    `SearchOptions` field); `languages`: the split's (source, target) languages, for a model
-    that is told them (a many-to-many import; `UserError` when one is missing or unknown, or
-    given to another model).
+    `SearchOptions` field); `languages`: the split's (source, target) languages, for an
+    imported model that is told them (`multilingual.told_languages`; `UserError` when one is
+    missing or unknown, or given to another model); for the configuration's own split, its
+    pairs' languages by default.
 
-    Returns (name, corpus, hypotheses, options): `name` is the split's name.
+    Returns (name, corpus, hypotheses, options, pairs): `name` is the split's name, `pairs`
+    the corpus as the model takes it (an imported model's, after their language tokens).
     """
     from tqdm import tqdm
 
     from pipeline.core import multilingual
+    from pipeline.data.corpus import with_pair_tokens
     from pipeline.decoding.translation import Translator
 
     name, corpus = _corpus(loaded[0], split, directions)
     data = loaded[0]["data"]
-    if data["target_language_tokens"] and name in ("test", "valid"):
-        # The configuration's split: a fine-tuned many-to-many import's pairs' languages.
+    told = multilingual.told_languages(data)
+    if told and name in ("test", "valid"):  # the configuration's split: its pairs' languages
         pair = multilingual.pair_languages(data)
         languages = (languages[0] or pair.get("source"), languages[1] or pair.get("target"))
     translator = Translator.from_trained(loaded, batch_size, **search)
     options = translator.options
     # The split's sources are as the model takes them (a multilingual one's, tagged), but for
-    # a model told their languages.
-    sources, prefixes = _requests(translator, corpus.sources, *languages)
+    # an imported model told their languages.
+    sources, prefixes = _requests(translator, corpus.sources, told, *languages)
     with tqdm(total=len(corpus), unit="sent", file=sys.stderr, desc=f"translating {name}") as bar:
         found = translator.hypotheses(sources, prefixes, progress=bar.update)
     hypotheses = [best[0].text for best in found]
-    return name, corpus, hypotheses, options
+    pairs = corpus
+    if told:
+        asked = dict(zip(("source", "target"), languages))
+        pairs = with_pair_tokens(corpus, *multilingual.pair_tokens(data, languages=asked))
+    return name, corpus, hypotheses, options, pairs
 
 
-def _requests(translator, sources, source_language, target_language):
-    """(sources, target prefixes) of a split for `translator`'s model."""
-    flags = ("--target-language", "--source-language")
-    if LANGUAGE_NAMES[1] not in translator.languages.inputs:
-        given = [f for f, v in zip(flags, (target_language, source_language)) if v is not None]
-        if given:
-            raise UserError(f"{given[0]}: this model is not told the languages of its split "
-                            "(only an imported many-to-many model is)")  # fmt: skip
+def _requests(translator, sources, told, source_language, target_language):
+    """(sources, target prefixes) of a split for `translator`'s model, which is `told` the
+    languages (`multilingual.told_languages`) of those given."""
+    flags = dict(zip(LANGUAGE_NAMES, ("--target-language", "--source-language")))
+    for name, language in zip(LANGUAGE_NAMES, (target_language, source_language)):
+        if language is not None and name not in told:
+            raise UserError(f"{flags[name]}: this model is not told the {name.split('_')[0]} "
+                            "language of its split (only an imported many-to-many model is, "
+                            "and the target of an imported multi-target one)")  # fmt: skip
+    if not told:
         return sources, None
+    names = tuple(flags.values())
     return (
-        translator.requests(sources, target_language, source_language, flags, UserError),
-        translator.target_prefixes(sources, target_language, None, flags[0], UserError),
+        translator.requests(sources, target_language, source_language, names, UserError),
+        translator.target_prefixes(sources, target_language, None, names[0], UserError),
     )
 
 
@@ -126,7 +138,7 @@ def main(argv=None):
     loaded = load_ensemble(args.workdir, args.weights)
     config, model, source_tokenizer, target_tokenizer = loaded
     languages = (args.source_language, args.target_language)
-    name, corpus, hypotheses, options = translate_split(
+    name, corpus, hypotheses, options, pairs = translate_split(
         loaded, args.split, args.batch_size, args.directions, languages, **search
     )
     report = score_translations(hypotheses, corpus.targets)
@@ -134,12 +146,10 @@ def main(argv=None):
         report["directions"] = score_directions(hypotheses, corpus)
         print(direction_table(report["directions"]), file=sys.stderr)
 
-    perplexity = None
-    if not config["data"]["target_language_tokens"]:
-        perplexity = corpus_perplexity(
-            model, corpus, source_tokenizer, target_tokenizer, config, name,
-            log=lambda message: print(message, file=sys.stderr),
-        )  # fmt: skip
+    perplexity = corpus_perplexity(
+        model, pairs, source_tokenizer, target_tokenizer, config, name,
+        log=lambda message: print(message, file=sys.stderr),
+    )  # fmt: skip
     if perplexity is not None:
         report["perplexity"] = round(perplexity[0], 3)
         report["perplexity_pairs"] = perplexity[1]

@@ -421,3 +421,24 @@ def test_fine_tuning_a_multi_target_import_tags_its_sources(imported, tmp_path):
                "checkpoint's code; this model translates into deu, fra")  # fmt: skip
     with pytest.raises(UserError, match=refusal):
         load_config(config, inherited_overrides(config, [], workdir))
+
+
+def test_evaluate_tells_a_multi_target_import_the_splits_target_language(
+    imported, tmp_path, capsys
+):
+    """One target language of the fixture as a TSV split, its references what transformers
+    gave: BLEU 100 when evaluate is told the language; one line when it is not."""
+    from pipeline import evaluate
+
+    case = expected("multi_target")
+    indices = [i for i, code in enumerate(case["target_languages"]) if code == "fra"]
+    split = tmp_path / "split.tsv"
+    split.write_text("".join(f"{case['sentences'][i]}\t{case['beam_texts'][i]}\n"
+                             for i in indices), encoding="utf-8")  # fmt: skip
+    workdir = str(imported["multi_target"])
+    evaluate.main(["--workdir", workdir, "--split", str(split), "--target-language", "fra"])
+    assert json.loads(capsys.readouterr().out)["bleu"] == 100.0
+    with pytest.raises(SystemExit) as exit_status:
+        evaluate.main(["--workdir", workdir, "--split", str(split)])
+    assert exit_status.value.code == 2
+    assert "give --target-language" in capsys.readouterr().err

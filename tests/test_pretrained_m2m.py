@@ -360,7 +360,8 @@ def test_evaluate_takes_the_splits_languages(imported, tmp_path, capsys):
     evaluate.main(["--workdir", str(imported["nllb"]), "--split", str(split),
                    "--source-language", source, "--target-language", target])  # fmt: skip
     report = json.loads(capsys.readouterr().out)
-    assert report["bleu"] == 100.0 and "perplexity" not in report
+    assert report["bleu"] == 100.0
+    assert report["perplexity"] > 1 and report["perplexity_pairs"] == len(indices)
     with pytest.raises(SystemExit) as exit_status:
         evaluate.main(["--workdir", str(imported["nllb"]), "--split", str(split),
                        "--target-language", target])  # fmt: skip

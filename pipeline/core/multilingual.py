@@ -305,20 +305,29 @@ def pair_languages(data):
     return found
 
 
-def pair_tokens(data, where="data"):
+def told_languages(data):
+    """The languages (`LANGUAGE_NAMES`) an imported model is told of a split's pairs: both for
+    a many-to-many import, the target for a multi-target one; () for the others (a multi-way
+    model's splits are tagged by direction)."""
+    if data.get("target_language_tokens"):
+        return LANGUAGE_NAMES
+    return LANGUAGE_NAMES[:1] if data.get("language_tags") and not is_multilingual(data) else ()
+
+
+def pair_tokens(data, where="data", languages=None):
     """(source token, target token) that an imported model's training, validation and test
     pairs start with, as transformers tokenises them for fine-tuning, the languages being
-    `pair_languages`' (by the checkpoint's codes): for a many-to-many import, the source
+    `languages` ({"source": code, "target": code}) or `pair_languages`' (by the checkpoint's
+    codes): for a many-to-many import, the source
     language's token before the source and the target language's first in the target; for a
     multi-target one, the target language's tag before the source; ("", "") for the other
     models. A missing or unknown language is a `UserError` naming its key."""
-    if data.get("target_language_tokens"):
-        sides = (("source", source_language_tags(data)), ("target", target_language_tokens(data)))
-    elif data.get("language_tags") and not is_multilingual(data):
-        sides = (("target", language_tags(data)),)
-    else:
+    told = told_languages(data)
+    if not told:
         return "", ""
-    languages = pair_languages(data)
+    sides = ((("source", source_language_tags(data)), ("target", target_language_tokens(data)))
+             if told == LANGUAGE_NAMES else (("target", language_tags(data)),))  # fmt: skip
+    languages = languages or pair_languages(data)
     tokens = []
     for side, known in sides:
         code, preposition = languages.get(side), "from" if side == "source" else "into"
