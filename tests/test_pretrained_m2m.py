@@ -479,7 +479,11 @@ def test_fine_tuning_pairs_are_those_transformers_trains_on(imported, tmp_path):
         corpora, _, _ = scan_training_corpora(data, log=lambda _: None)
         counters = StreamCounters(corpora, [0])
         stream, _ = stream_training_examples(corpora, tokenizer, tokenizer, data, counters, 0)
-        inputs, outputs = (x.numpy().tolist() for x in next(iter(stream)))
+        inputs, outputs = next(iter(stream))
+        inputs, outputs = (
+            {k: v.numpy().tolist() for k, v in inputs.items()},
+            outputs.numpy().tolist(),
+        )
         source = ids.checkpoint(inputs["source_ids"]) + [eos]
         assert source == case["source_ids"][index]
         assert ids.checkpoint(outputs) == labels

@@ -2,9 +2,12 @@
 directory: the configuration, the Keras model with the checkpoint's weights, and the
 vocabularies, written together or not at all."""
 
+import contextlib
 import dataclasses
 
 from pipeline.core.errors import UserError
+
+SEED_STATE = "seed_generator"  # in the paths of the dropout layers' seed states
 
 
 @dataclasses.dataclass
@@ -86,7 +89,7 @@ def set_weights(model, weights):
     assigns it and dropping it after; a shape that disagrees with the configuration is a
     `UserError` naming the checkpoint's weight."""
     paths = [v.path.split("/", 1)[-1] for v in model.variables]
-    missing = [p for p in paths if p not in weights and "seed_generator" not in p]
+    missing = [p for p in paths if p not in weights and SEED_STATE not in p]
     if missing:
         raise UserError(f"model weights: nothing in the checkpoint for {missing[0]}")
     left = sorted(set(weights) - set(paths))
@@ -138,7 +141,8 @@ def write_work_directory(imported, workdir, log=print):
         for path, proto in zip(paths, (imported.source_model, imported.target_model)):
             write_sentencepiece(proto, path)
         sizes = [_size(proto) for proto in (imported.source_model, imported.target_model)]
-        model = build_model(config, *sizes)
+        with _variables_made_as_zeros():
+            model = build_model(config, *sizes)
         set_weights(model, imported.weights)
         save_model_atomically(model, directory / MODEL_FILE)
         log(f"Model: {model.count_params():,} parameters; vocabularies: {sizes[0]:,} source, "
@@ -146,6 +150,29 @@ def write_work_directory(imported, workdir, log=print):
 
     write_directory_atomically(workdir, fill)
     return config
+
+
+@contextlib.contextmanager
+def _variables_made_as_zeros():
+    """The model's weights created as zeros rather than drawn by their initialisers, since
+    `set_weights` replaces every one: drawing NLLB's embedding table at random takes seconds
+    and leaves the memory of its temporaries with the allocator. The dropout layers' seed
+    states, which no checkpoint holds, are made as before."""
+    import tensorflow as tf
+    from keras.src.backend.tensorflow import core
+
+    draw = core.Variable._initialize_with_initializer
+
+    def as_zeros(variable, initializer):
+        if SEED_STATE in variable.path:
+            return draw(variable, initializer)
+        return variable._initialize(lambda: tf.zeros(variable.shape, dtype=variable.dtype))
+
+    core.Variable._initialize_with_initializer = as_zeros
+    try:
+        yield
+    finally:
+        core.Variable._initialize_with_initializer = draw
 
 
 def _size(proto):
