@@ -489,7 +489,7 @@ def _check_consistency(config, where, saved=False):
         raise UserError(
             f"{where}: data.train_corpora replaces data.train_source/target/tsv; give one of them"
         )
-    if any(given):  # a many-to-many import fine-tuned: its pairs' languages
+    if any(given):  # an imported model fine-tuned: its pairs' languages
         multilingual.pair_tokens(data, f"{where}: data")
     _check_training_settings(config, where, saved)
 

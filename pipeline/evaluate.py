@@ -88,7 +88,8 @@ def translate_split(loaded, split, batch_size=None, directions=None, languages=(
     told = multilingual.told_languages(data)
     if told and name in ("test", "valid"):  # the configuration's split: its pairs' languages
         pair = multilingual.pair_languages(data)
-        languages = (languages[0] or pair.get("source"), languages[1] or pair.get("target"))
+        languages = tuple(asked or (pair.get(side) if f"{side}_language" in told else None)
+                          for side, asked in zip(("source", "target"), languages))  # fmt: skip
     translator = Translator.from_trained(loaded, batch_size, **search)
     options = translator.options
     # The split's sources are as the model takes them (a multilingual one's, tagged), but for

@@ -248,9 +248,11 @@ def _train(config, workdir, hooks, init_from, chief):
     data = config["data"]
     languages = multilingual.languages(data)  # the example sentence is German
     target = [f" --target-language {code}" for code in languages if code != "de"][:1]
-    if data["target_language_tokens"]:  # a many-to-many import, told its languages
+    told = multilingual.told_languages(data)  # an imported model's, fine-tuned
+    if told:
         pair = multilingual.pair_languages(data)
-        target = [f" --source-language {pair['source']} --target-language {pair['target']}"]
+        target = ["".join(f" --{name.replace('_', '-')} {pair[name.split('_')[0]]}"
+                          for name in reversed(told))]  # fmt: skip
     log(
         "\nDone. Everything is in " + str(workdir) + ":\n"
         f"  {CONFIG_FILE}, {MODEL_FILE}, vocab/, checkpoints/, logs/ "

@@ -442,3 +442,32 @@ def test_evaluate_tells_a_multi_target_import_the_splits_target_language(
         evaluate.main(["--workdir", workdir, "--split", str(split)])
     assert exit_status.value.code == 2
     assert "give --target-language" in capsys.readouterr().err
+
+
+def test_a_fine_tuned_multi_target_import_is_scored_into_its_language(imported, tmp_path):
+    """The test report and pipeline.evaluate of the configuration's split ask the model for
+    data.target_language: at learning rate 0, the references being generate()'s beam texts
+    into fra, both score 100."""
+    from pipeline import evaluate
+    from pipeline.train import main as train
+
+    case = expected("multi_target")
+    indices = [i for i, code in enumerate(case["target_languages"]) if code == "fra"]
+    for side, key in (("source", "sentences"), ("target", "beam_texts")):
+        (tmp_path / f"split.{side}").write_text(
+            "".join(f"{case[key][i]}\n" for i in indices), encoding="utf-8"
+        )
+    files = "".join(f"  {split}_{side}: {tmp_path / f'split.{side}'}\n"
+                    for split in ("train", "test") for side in ("source", "target"))  # fmt: skip
+    config = tmp_path / "domain.yaml"
+    config.write_text(
+        f"data:\n{files}  target_language: fra\n"
+        "train:\n  precision: float32\n  epochs: 1\n  steps_per_epoch: 1\n  batch_size: 8\n"
+        "  learning_rate: 0.0\n"
+    )  # fmt: skip
+    workdir = tmp_path / "tuned"
+    train(["--config", str(config), "--workdir", str(workdir), "--init-from",
+           str(imported["multi_target"])])  # fmt: skip
+    assert json.loads((workdir / "test_report.json").read_text())["bleu"] == 100.0
+    evaluate.main(["--workdir", str(workdir), "--split", "test"])
+    assert json.loads((workdir / "eval_test.json").read_text())["bleu"] == 100.0

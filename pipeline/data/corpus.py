@@ -38,8 +38,8 @@ class ParallelCorpus:
 
 def with_pair_tokens(corpus, source_token, target_token):
     """`corpus` with each source after `source_token` and each target after `target_token`
-    (`multilingual.pair_tokens`; "" adds nothing; a blank line stays blank), as a many-to-many
-    import takes its pairs when it is trained or scored."""
+    (`multilingual.pair_tokens`; "" adds nothing; a blank line stays blank), as an imported
+    model takes its pairs when it is trained or scored."""
     if not source_token and not target_token:
         return corpus
     sides = ((corpus.sources, source_token), (corpus.targets, target_token))
@@ -187,8 +187,8 @@ class TrainingCorpus:
     shards: tuple
     weight: float
     bad_lines: int
-    # Before each source line: a multilingual model's target tag, or a many-to-many import's
-    # source-language token; before each target line: that import's target-language token.
+    # Before each source line: a multilingual model's target tag, or an imported model's
+    # language token; before each target line: a many-to-many import's target-language token.
     source_prefix: str = ""
     target_prefix: str = ""
 

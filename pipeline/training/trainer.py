@@ -234,7 +234,7 @@ class TrainingRun:
                 data, sample_size, train["seed"], self.log
             )
         self.corpora = {split: read_split(data, split) for split in ("valid", "test")}
-        self.pair_tokens = multilingual.pair_tokens(data)  # a many-to-many import's languages
+        self.pair_tokens = multilingual.pair_tokens(data)  # an imported model's, fine-tuned
         samples = {"source": source_sample, "target": target_sample, "languages": language_sample}
         self.tokenizers = prepare_tokenizers(self.output, data, samples, self.log)
         source, target = self.tokenizers
