@@ -151,7 +151,7 @@ def tag_requests(sentences, languages_asked, known, own_target=None, name="targe
 def _checked(asked, known, own_target, name, error):
     """`asked` (a language a sentence), each one that `known` holds, or for a model without
     tags (`known` empty) None or `own_target`; else `error` naming `name`."""
-    side = "from" if name.startswith("source") else "into"
+    side = "from" if "source" in name else "into"
     if not known:
         wrong = set(asked) - {None, own_target}
         if wrong:
