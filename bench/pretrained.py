@@ -19,7 +19,8 @@ or nllb-600m, size's NLLB checkpoint below (from deu_Latn into fra_Latn: each en
 the source language's token and forces the target language's first). `python -m
 pipeline.import_model` imports it (its wall time and peak resident memory, against the
 checkpoint's size and the same import of a tiny checkpoint); `python -m export` writes the
-SavedModel and ONNX float32 and int8 (once: later runs reuse it); `ct2-transformers-converter`
+SavedModel (float32, and bfloat16: `--saved-model-precision bfloat16`) and ONNX float32 and
+int8 (once: later runs reuse them); `ct2-transformers-converter`
 converts the checkpoint for CTranslate2. Each engine then runs in a process of its own, loaded
 once, and the rounds take the engines in turn (the order rotating each round): beam 4, sources
 of 20 tokens (19 pieces and </s>, after the language's token), exactly 30 target tokens (min =
@@ -233,6 +234,19 @@ def export(workdir, formats="saved_model,onnx"):
     return workdir / "export"
 
 
+def latest_saved_model(exported):
+    return max((exported / "saved_model" / "translator").iterdir(), key=lambda p: int(p.name))
+
+
+def bfloat16_saved_model(workdir):
+    """WORKDIR/export-bfloat16's SavedModel (`--saved-model-precision bfloat16`), made once."""
+    output = workdir / "export-bfloat16"
+    if not (output / "saved_model").exists():
+        run([sys.executable, "-m", "export", "--workdir", workdir, "--formats", "saved_model",
+             "--saved-model-precision", "bfloat16", "--output", output])  # fmt: skip
+    return latest_saved_model(output)
+
+
 # --- the engines, each in a process of its own ---------------------------------------------
 
 
@@ -358,6 +372,7 @@ ENGINES = {  # name: (loader, runs in the transformers venv)
     "ONNX float32": (onnx_engine(False), False),
     "ONNX int8": (onnx_engine(True), False),
     "SavedModel": (saved_model_engine, False),
+    "SavedModel bfloat16": (saved_model_engine, False),
 }
 
 
@@ -450,11 +465,10 @@ def speed_setup(args, checkpoint_path, name, source_spm, languages=None):
         set_decode(workdir, beam_size=BEAM_SIZE, min_length=TARGET_TOKENS)
     exported = export(workdir)
     ct2 = ctranslate2_converted(args, checkpoint_path, root / f"{name}-ctranslate2")
-    saved_model = max((exported / "saved_model" / "translator").iterdir(),
-                      key=lambda p: int(p.name))  # fmt: skip
     paths = {"transformers": checkpoint_path, "CTranslate2 float32": ct2, "CTranslate2 int8": ct2,
              "ONNX float32": exported / "onnx", "ONNX int8": exported / "onnx",
-             "SavedModel": saved_model}  # fmt: skip
+             "SavedModel": latest_saved_model(exported),
+             "SavedModel bfloat16": bfloat16_saved_model(workdir)}  # fmt: skip
     source = source_tokens(source_spm, exported / "onnx", languages)
     return {"paths": paths, "source": source, "imported": imported}
 

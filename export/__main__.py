@@ -1,5 +1,6 @@
 """Export a trained model: `python -m export --workdir DIR [--output OUT] [--version N]
-[--formats saved_model,onnx,ctranslate2] [--model-name NAME] [--onnx-search greedy]`, or an
+[--formats saved_model,onnx,ctranslate2] [--model-name NAME] [--onnx-search greedy]
+[--saved-model-precision bfloat16]`, or an
 ensemble of models of one vocabulary as one model: `python -m export --ensemble DIR DIR ...
 [--weights W ...] --output OUT`.
 
@@ -16,6 +17,7 @@ from pipeline.config import (
     DEFAULT_EXPORT_FORMATS,
     EXPORT_FORMATS,
     ONNX_SEARCHES,
+    SAVED_MODEL_PRECISIONS,
     parse_export_formats,
 )
 from pipeline.core.errors import UserError, report_user_errors
@@ -55,6 +57,13 @@ def parse_args(argv):
         "default: export.onnx_search)",
     )
     parser.add_argument(
+        "--saved-model-precision",
+        choices=SAVED_MODEL_PRECISIONS,
+        help="the SavedModel's weights and matrix products: float32 (the model's outputs) or "
+        "bfloat16 (half the size, faster where the CPU has AVX512-BF16 or AMX; default: "
+        "export.saved_model_precision)",
+    )
+    parser.add_argument(
         "--wait",
         action="store_true",
         help="if another command is writing there, wait for it to end (default: refuse)",
@@ -85,6 +94,7 @@ def main(argv=None):
         ensemble=others,
         weights=args.weights,
         onnx_search=args.onnx_search,
+        saved_model_precision=args.saved_model_precision,
     )
 
 

@@ -29,6 +29,7 @@ from pipeline.core import library_output, multilingual
 from pipeline.core.atomic_files import writing
 from pipeline.core.errors import UserError
 from pipeline.data.tokenizer import vocabulary_paths
+from pipeline.model_types.builder import at_precision
 from pipeline.workdir import exclusive_writer, load_ensemble, write_directory_atomically
 
 EXPORT_LOG = "export.log"  # what the converters write to stderr, beside the exports
@@ -50,7 +51,7 @@ def next_version(model_dir):
 SAVED_MODEL_SHARD_BYTES = 1 << 30
 
 
-def export_saved_model(graph, output, model_name, version, log=print):
+def export_saved_model(graph, output, model_name, version, log=print, precision="float32"):
     model_dir = Path(output) / "saved_model" / model_name
     version = version or next_version(model_dir)
     target = model_dir / str(version)
@@ -65,7 +66,8 @@ def export_saved_model(graph, output, model_name, version, log=print):
     missing = unsupported_ops(read_meta_graph(target).graph_def)
     if missing:
         log(f"Warning: ops absent from stock TF Serving (2.12+): {', '.join(missing)}")
-    log(f"SavedModel: {target} (signatures {', '.join(graph.signatures())})")
+    weights = "" if precision == "float32" else f", {precision} weights"
+    log(f"SavedModel: {target} (signatures {', '.join(graph.signatures())}{weights})")
     return target
 
 
@@ -120,12 +122,14 @@ def export_model(
     ensemble=(),
     weights=None,
     onnx_search=None,
+    saved_model_precision=None,
 ):
     """Exports `workdir`'s model in `formats` under `output` (default: the configuration's
     export.directory, else WORKDIR/export); returns {format: path}. With `ensemble` (further
     work directories of the same vocabulary) and `weights`, one model holding all of them and
     their combined search (`pipeline.model_types.ensemble`), under `output`, which it needs.
-    `onnx_search` ("beam" or "greedy") overrides export.onnx_search.
+    `onnx_search` ("beam" or "greedy") overrides export.onnx_search, `saved_model_precision`
+    ("float32" or "bfloat16") export.saved_model_precision (the other formats stay float32).
     What the converters write to stderr goes to OUT/export.log unless `verbose`. An export
     into the work directory holds its writer lock (waiting for another holder with `wait`); one
     elsewhere reads it only."""
@@ -145,11 +149,14 @@ def export_model(
     _check_model_name(model_name)
     if version is not None and version < 1:
         raise UserError(f"--version must be a positive integer, got {version}")
-    if "saved_model" in formats or "onnx" in formats:
-        graph = TranslationGraph(
+    precision = saved_model_precision or settings["saved_model_precision"]
+
+    def translation_graph(model):
+        return TranslationGraph(
             model, source_tokenizer.model_proto, target_tokenizer.model_proto, config["decode"],
             multilingual.RequestLanguages.of(multilingual.model_languages(config["data"])),
         )  # fmt: skip
+
     start = time.perf_counter()
     paths = {}
     inside = output.resolve().is_relative_to(Path(workdir).resolve())
@@ -158,10 +165,14 @@ def export_model(
             output.mkdir(parents=True, exist_ok=True)
         with library_output.to_file(output / EXPORT_LOG, enabled=not verbose):
             if "saved_model" in formats:
-                paths["saved_model"] = export_saved_model(graph, output, model_name, version, log)
+                paths["saved_model"] = export_saved_model(
+                    translation_graph(at_precision(model, precision)), output, model_name,
+                    version, log, precision,
+                )  # fmt: skip
             if "onnx" in formats:
                 paths["onnx"] = export_onnx(
-                    graph, workdir, output, settings["onnx_opset"], settings["onnx_int8"], log,
+                    translation_graph(model), workdir, output, settings["onnx_opset"],
+                    settings["onnx_int8"], log,
                     multilingual.model_languages(config["data"]),
                     model_description([workdir, *ensemble], model, config["model"]["type"]),
                     onnx_search or settings["onnx_search"],

@@ -35,6 +35,9 @@ EXPORT_FORMATS = ("saved_model", "onnx", "ctranslate2")
 DEFAULT_EXPORT_FORMATS = ("saved_model", "onnx")
 # The search inside an ONNX export: the beam search, its options inputs, or the greedy alone.
 ONNX_SEARCHES = ("beam", "greedy")
+# The SavedModel's weights and matrix products: float32 gives the model's own outputs; bfloat16
+# halves the weights and runs the products in bfloat16 (AVX512-BF16 or AMX CPUs, recent GPUs).
+SAVED_MODEL_PRECISIONS = ("float32", "bfloat16")
 # CTranslate2's weight types (`spec.optimize(quantization=...)`); none keeps float32.
 CTRANSLATE2_QUANTIZATIONS = (
     "none", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
@@ -287,6 +290,9 @@ SCHEMA = {
         "onnx_search": Field(str, "beam", "the ONNX model's search: beam (options as inputs) "
                              "or greedy (alone, far fewer nodes; needs decode.beam_size 1)",
                              choices=ONNX_SEARCHES),
+        "saved_model_precision": Field(str, "float32", "the SavedModel's weights and products: "
+                                       "float32 (exact) or bfloat16 (half the size, faster on "
+                                       "bfloat16 CPUs)", choices=SAVED_MODEL_PRECISIONS),
         "ctranslate2_quantization": Field(str, "none", "the CTranslate2 export's weight type "
                                           "(none: float32)",
                                           choices=CTRANSLATE2_QUANTIZATIONS),

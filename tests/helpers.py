@@ -59,9 +59,9 @@ def reversal_data(rng, n, vocab_size=20, max_len=8):
     return {"source_ids": source, "target_input_ids": target_in}, target_out
 
 
-def real_sentences(n, split="test_2016_flickr"):
-    """The first `n` German sentences of a bundled Multi30k split."""
-    path = PROJECT_ROOT / "data" / "multi30k" / f"{split}.de.gz"
+def real_sentences(n, split="test_2016_flickr", language="de"):
+    """The first `n` sentences of a bundled Multi30k split, in `language`."""
+    path = PROJECT_ROOT / "data" / "multi30k" / f"{split}.{language}.gz"
     with gzip.open(path, "rt", encoding="utf-8") as lines:
         return [next(lines).rstrip("\n") for _ in range(n)]
 

@@ -6,6 +6,32 @@ import keras
 
 from pipeline.model_types import MODEL_TYPES
 
+SEED_STATE = "seed_generator"  # in the paths of the dropout layers' seed states
+
+
+@contextlib.contextmanager
+def variables_made_as_zeros():
+    """The model's weights created as zeros rather than drawn by their initialisers, for a
+    model whose weights `set_weights` then replaces every one: drawing NLLB's embedding table
+    at random takes seconds and leaves the memory of its temporaries with the allocator, and
+    some initialisers have no bfloat16 kernel. The dropout layers' seed states, which no
+    checkpoint holds, are made as before."""
+    import tensorflow as tf
+    from keras.src.backend.tensorflow import core
+
+    draw = core.Variable._initialize_with_initializer
+
+    def as_zeros(variable, initializer):
+        if SEED_STATE in variable.path:
+            return draw(variable, initializer)
+        return variable._initialize(lambda: tf.zeros(variable.shape, dtype=variable.dtype))
+
+    core.Variable._initialize_with_initializer = as_zeros
+    try:
+        yield
+    finally:
+        core.Variable._initialize_with_initializer = draw
+
 
 @contextlib.contextmanager
 def dtype_policy(name):
@@ -38,3 +64,30 @@ def build_model(
         model = model_type.build(config, source_vocab_size, target_vocab_size, for_training)
         model.build({"source_ids": (None, None), "target_input_ids": (None, None)})
     return model
+
+
+def at_precision(model, precision):
+    """`model` itself under "float32"; else a copy of it built under the dtype policy
+    `precision` ("bfloat16": weights and products in bfloat16), its weights cast from
+    `model`'s. An ensemble's members are copied one by one."""
+    from pipeline.model_types.ensemble import Ensemble
+
+    if precision == "float32":
+        return model
+    if isinstance(model, Ensemble):
+        return Ensemble([at_precision(m, precision) for m in model.members], model.weights)
+    with dtype_policy(precision), variables_made_as_zeros():
+        copy = type(model).from_config(_with_dtype_policy(model.get_config(), precision))
+        copy.build({"source_ids": (None, None), "target_input_ids": (None, None)})
+    copy.set_weights(model.get_weights())
+    return copy
+
+
+def _with_dtype_policy(config, policy):
+    """A layer configuration with every layer's `dtype` in it, nested ones too, `policy`."""
+    if isinstance(config, dict):
+        return {key: policy if key == "dtype" else _with_dtype_policy(value, policy)
+                for key, value in config.items()}  # fmt: skip
+    if isinstance(config, (list, tuple)):
+        return type(config)(_with_dtype_policy(value, policy) for value in config)
+    return config

@@ -2,12 +2,9 @@
 directory: the configuration, the Keras model with the checkpoint's weights, and the
 vocabularies, written together or not at all."""
 
-import contextlib
 import dataclasses
 
 from pipeline.core.errors import UserError
-
-SEED_STATE = "seed_generator"  # in the paths of the dropout layers' seed states
 
 
 @dataclasses.dataclass
@@ -88,6 +85,8 @@ def set_weights(model, weights):
     """Assigns `weights` to the Keras `model`'s variables by path, reading each array as it
     assigns it and dropping it after; a shape that disagrees with the configuration is a
     `UserError` naming the checkpoint's weight."""
+    from pipeline.model_types.builder import SEED_STATE
+
     paths = [v.path.split("/", 1)[-1] for v in model.variables]
     missing = [p for p in paths if p not in weights and SEED_STATE not in p]
     if missing:
@@ -123,7 +122,7 @@ def write_work_directory(imported, workdir, log=print):
     and vocab/. Returns the configuration."""
     from pipeline.config import load_config, save_config
     from pipeline.data.tokenizer import vocabulary_paths, write_sentencepiece
-    from pipeline.model_types.builder import build_model
+    from pipeline.model_types.builder import build_model, variables_made_as_zeros
     from pipeline.workdir import (
         CONFIG_FILE,
         MODEL_FILE,
@@ -141,7 +140,7 @@ def write_work_directory(imported, workdir, log=print):
         for path, proto in zip(paths, (imported.source_model, imported.target_model)):
             write_sentencepiece(proto, path)
         sizes = [_size(proto) for proto in (imported.source_model, imported.target_model)]
-        with _variables_made_as_zeros():
+        with variables_made_as_zeros():
             model = build_model(config, *sizes)
         set_weights(model, imported.weights)
         save_model_atomically(model, directory / MODEL_FILE)
@@ -150,29 +149,6 @@ def write_work_directory(imported, workdir, log=print):
 
     write_directory_atomically(workdir, fill)
     return config
-
-
-@contextlib.contextmanager
-def _variables_made_as_zeros():
-    """The model's weights created as zeros rather than drawn by their initialisers, since
-    `set_weights` replaces every one: drawing NLLB's embedding table at random takes seconds
-    and leaves the memory of its temporaries with the allocator. The dropout layers' seed
-    states, which no checkpoint holds, are made as before."""
-    import tensorflow as tf
-    from keras.src.backend.tensorflow import core
-
-    draw = core.Variable._initialize_with_initializer
-
-    def as_zeros(variable, initializer):
-        if SEED_STATE in variable.path:
-            return draw(variable, initializer)
-        return variable._initialize(lambda: tf.zeros(variable.shape, dtype=variable.dtype))
-
-    core.Variable._initialize_with_initializer = as_zeros
-    try:
-        yield
-    finally:
-        core.Variable._initialize_with_initializer = draw
 
 
 def _size(proto):
