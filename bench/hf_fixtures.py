@@ -44,7 +44,9 @@ What it does (seeded throughout; it overwrites `--out`):
 5. `generation_config.json` as OPUS-MT ships it (num_beams 4, bad_words_ids [[pad]],
    forced_eos_token_id 0, renormalize_logits true, no early_stopping), but max_length 64.
 6. `expected.json`, computed with the checkpoint reloaded from disk (`from_pretrained`, eval,
-   float32): see `expected()`.
+   float32): see `expected()`; `generation_variants.json`, `generate()`'s ids with other
+   generation settings (`GENERATION_VARIANTS`; `--generation-variants-only` rewrites just
+   these from the fixtures on disk).
 
 Fixtures (`FIXTURES`):
 
@@ -121,6 +123,17 @@ TARGET_TEXTS = 4  # of them with their references tokenised as labels
 FORCED = 3  # of those with the full logits under teacher forcing
 BEAM_SHORT = 3  # of them generated with max_length BEAM_SHORT_LENGTH
 BEAM_SHORT_LENGTH = 6
+# generation_config.json keys set over the saved ones, each set in turn: `generate()`'s ids
+# for the first VARIANT_SENTENCES test sentences with them, in generation_variants.json.
+GENERATION_VARIANTS = {
+    "max_new_tokens": {"max_new_tokens": 5},
+    "min_new_tokens": {"min_new_tokens": 14},
+    "min_length_greedy": {"num_beams": 1, "min_length": 12},
+    "ngrams_penalty_early_stop": {"no_repeat_ngram_size": 2, "length_penalty": 0.6,
+                                  "early_stopping": True},
+}  # fmt: skip
+VARIANT_SENTENCES = 6
+GENERATION_VARIANTS_FILE = "generation_variants.json"
 MAX_LENGTH = 64  # generation_config.json's max_length (OPUS-MT ships 512)
 MAX_POSITIONS = 128
 MISSING_PIECES = 3  # left out of shared_tied_swish's vocab.json
@@ -701,6 +714,7 @@ def make_fixture(name, spec, out, log):
     result, stats = expected(directory, tests, multi, log)
     result = {"fixture": name, "missing_from_vocab": missing, **result}
     write_expected(directory / "expected.json", result)
+    generation_variants(directory)
     stats.update(
         vocab=size, target_vocab=target_size, seconds=round(time.time() - started),
         bytes=directory_size(directory),
@@ -709,10 +723,41 @@ def make_fixture(name, spec, out, log):
     return stats
 
 
+def generation_variants(directory):
+    """Writes `directory`/GENERATION_VARIANTS_FILE: for each of GENERATION_VARIANTS, its keys
+    and `generate()`'s ids (less the decoder start and trailing pads) for the first
+    VARIANT_SENTENCES of expected.json's inputs, each sentence alone; the ids that prove the
+    importer's mapping of those keys."""
+    import torch
+    from transformers import MarianMTModel, MarianTokenizer
+
+    tokenizer = MarianTokenizer.from_pretrained(str(directory))
+    model = MarianMTModel.from_pretrained(str(directory), dtype=torch.float32).eval()
+    start, pad = model.config.decoder_start_token_id, model.config.pad_token_id
+    inputs = json.loads((directory / "expected.json").read_text())["inputs"][:VARIANT_SENTENCES]
+    variants = {}
+    for name, keys in GENERATION_VARIANTS.items():
+        ids = []
+        for text in inputs:
+            with torch.no_grad():
+                out = model.generate(**tokenizer(text, return_tensors="pt"), **keys)
+            ids.append(strip_generated(out[0].tolist(), start, pad))
+        variants[name] = {"keys": keys, "ids": ids}
+    (directory / GENERATION_VARIANTS_FILE).write_text(json.dumps(variants, indent=1) + "\n")
+
+
 def main():
     parser = fixture_arguments(__doc__.split("\n\n")[0], PROJECT_ROOT / "tests/fixtures/hf_marian",
                                FIXTURES)  # fmt: skip
+    parser.add_argument("--generation-variants-only", action="store_true",
+                        help=f"only (re)write {GENERATION_VARIANTS_FILE}")  # fmt: skip
     args = parser.parse_args()
+    if args.generation_variants_only:
+        if args.venv is not None:
+            ensure_venv(args.venv, Path(__file__))
+        for name in args.fixtures:
+            generation_variants(args.out.resolve() / name)
+        return
     out, log = start(args, Path(__file__))
     summary = {name: make_fixture(name, FIXTURES[name], out, log) for name in args.fixtures}
     total = directory_size(out)

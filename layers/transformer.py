@@ -5,6 +5,7 @@ import math
 import keras
 import keras_hub
 import numpy as np
+import tensorflow as tf
 from keras import ops
 
 from layers.encoder_decoder_model import EncoderDecoderModel
@@ -240,9 +241,32 @@ class Transformer(EncoderDecoderModel):
         return x if norm is None else norm(x)
 
     def _logits(self, features):
-        logits = self.target_embedding(features, reverse=True)
+        if self.tie_embeddings:
+            logits = self._by_embedding(features)
+        else:
+            logits = self.target_embedding(features, reverse=True)
         bias = self.logit_bias()
         return logits if bias is None else logits + ops.cast(bias, logits.dtype)
+
+    def _by_embedding(self, features):
+        """`features` `[..., model_dim]` times the transposed target embedding.
+
+        By the `[vocab, model_dim]` matrix as stored, adjoint: TensorFlow's batched product
+        takes a beam's few rows faster than a MatMul by the transpose (which an einsum becomes
+        too). Rows flattened: the gradient of a product broadcast over [batch, time] would
+        hold a [vocab, model_dim] matrix per sequence. tf2onnx writes the adjoint as a
+        transpose only where it knows the matrix's shape: hence the static one.
+        """
+        embeddings = tf.ensure_shape(
+            ops.cast(self.target_embedding.embeddings, features.dtype),
+            (self._target_vocab_size, self.model_dim),
+        )
+        if len(features.shape) == 2:  # a decoder step's rows
+            return tf.raw_ops.BatchMatMulV2(x=features, y=embeddings, adj_y=True)
+        rows = tf.reshape(features, (-1, self.model_dim))
+        logits = tf.raw_ops.BatchMatMulV2(x=rows, y=embeddings, adj_y=True)
+        shape = tf.concat([tf.shape(features)[:-1], [self._target_vocab_size]], 0)
+        return tf.reshape(logits, shape)
 
     def logit_bias(self):
         """float32 `[target_vocab_size]` added to the logits, or None: `output_bias` and

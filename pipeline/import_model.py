@@ -68,6 +68,11 @@ def import_checkpoint(source, workdir, log=log):
             "generation_config.json: renormalize_logits is false; the search leaves the tokens "
             "the model never outputs out of its softmax, as renormalize_logits: true does"
         )
+    if imported.search["sampled"]:
+        log(
+            "generation_config.json: do_sample is true; the toolkit's search is beam search "
+            "all the same (sampling: python -m pipeline.translate --sampling-temperature T)"
+        )
     created = not workdir.exists()
     try:
         with exclusive_writer(workdir):

@@ -19,12 +19,18 @@ from pipeline.decoding.search import search
 from pipeline.decoding.search_options import SearchOptions
 from pipeline.import_model import import_checkpoint
 from pipeline.pretrained import vocabulary
-from pipeline.pretrained.checkpoint import Checkpoint
+from pipeline.pretrained.checkpoint import GENERATION_CONFIG_FILE, Checkpoint
+from pipeline.pretrained.generation import IMPORT_NOTES, generate_settings
 from pipeline.workdir import load_trained
 
 FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "hf_marian"
 NAMES = ("shared_tied_swish", "separate_untied_relu", "unequal_gelu", "multi_target")
 LOGIT_TOLERANCE = 1e-4
+# The fixture whose generation_variants.json holds generate()'s ids under other settings.
+VARIANTS_FIXTURE = "shared_tied_swish"
+GENERATION_VARIANTS = json.loads(
+    (FIXTURES / VARIANTS_FIXTURE / "generation_variants.json").read_text(encoding="utf-8")
+)
 
 
 def expected(name):
@@ -289,6 +295,39 @@ def test_ctranslate2_greedy_search_gives_generates_ids(imported, exported):
     assert [target_map.checkpoint(i) for i in ids] == case["greedy_ids"]
 
 
+def checkpoint_json(name, file):
+    return json.loads((FIXTURES / name / file).read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("variant", sorted(GENERATION_VARIANTS))
+def test_each_generation_setting_gives_generates_ids(imported, variant):
+    """A checkpoint whose generation_config.json also held `variant`'s keys searches as
+    `generate()` did with them."""
+    case = GENERATION_VARIANTS[variant]
+    name = VARIANTS_FIXTURE
+    generation = {**checkpoint_json(name, GENERATION_CONFIG_FILE), **case["keys"]}
+    settings = generate_settings(checkpoint_json(name, "config.json"), generation)
+    config, model, _, _ = load_trained(imported[name])
+    decode = {**config["decode"], **{k: v for k, v in settings.items() if k not in IMPORT_NOTES}}
+    _, target_map = id_maps(name, imported[name])
+    _, sources = source_batch(name, imported[name])
+    options = SearchOptions.from_config(decode)
+    ids, lengths, _, _ = search(model, sources[: len(case["ids"])], options)
+    assert [target_map.checkpoint(o) for o in outputs(ids, lengths)] == case["ids"]
+
+
+def test_generation_settings_that_change_nothing_import_and_sampling_is_said(tmp_path):
+    neutral = {"repetition_penalty": 1.0, "num_beam_groups": 1, "suppress_tokens": [],
+               "use_cache": True, "num_return_sequences": 3, "temperature": 0.7}  # fmt: skip
+    settings = generate_settings({"num_beams": 5, "diversity_penalty": 0.0}, neutral)
+    assert settings["beam_size"] == 5 and not settings["sampled"]
+    source = broken_copy(tmp_path, edit_json(GENERATION_CONFIG_FILE, do_sample=True, top_p=0.9))
+    lines = []
+    config = import_checkpoint(source, tmp_path / "imported", log=lines.append)
+    assert any("do_sample is true; the toolkit's search is beam search" in line for line in lines)
+    assert config["decode"]["beam_size"] == 4 and "sampled" not in config["decode"]
+
+
 # Bad checkpoints: one line, exit status 2, and no work directory left.
 
 
@@ -299,14 +338,18 @@ def broken_copy(tmp_path, change):
     return copy
 
 
-def edit_config(**values):
+def edit_json(file, **values):
     def change(directory):
-        path = directory / "config.json"
+        path = directory / file
         config = json.loads(path.read_text())
         config.update(values)
         path.write_text(json.dumps(config))
 
     return change
+
+
+def edit_config(**values):
+    return edit_json("config.json", **values)
 
 
 @pytest.mark.parametrize(
@@ -328,6 +371,16 @@ def edit_config(**values):
             r"pytorch_model.bin: .*needs torch to read: pip install torch",
         ),
         (lambda d: (d / "config.json").write_text("{"), r"config.json: not readable JSON"),
+        (
+            edit_json(GENERATION_CONFIG_FILE, repetition_penalty=1.2),
+            r"generation_config.json: repetition_penalty 1.2 is not supported; the toolkit's "
+            r"search would apply no repetition penalty",
+        ),
+        (edit_config(num_beam_groups=2), r"config.json: num_beam_groups 2 is not supported"),
+        (
+            edit_json(GENERATION_CONFIG_FILE, beam_flavour="wide"),
+            r"beam_flavour is no generation setting the importer knows",
+        ),
     ],  # fmt: skip
 )
 def test_a_bad_checkpoint_is_one_line_and_leaves_nothing(tmp_path, change, message):

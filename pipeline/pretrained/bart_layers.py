@@ -143,34 +143,6 @@ def arrays(weights, settings, source_space, target_space, family, extra=None):
     return read
 
 
-def generate_settings(config, generation):
-    """The `decode` keys that make the toolkit's search what `generate()` does with this
-    checkpoint's generation config (and config.json's defaults under it)."""
-    merged = {**config, **generation}
-    max_length = int(merged.get("max_length") or 20) - 1  # the start token counts there
-    early_stopping = merged.get("early_stopping", False)
-    bad_words = merged.get("bad_words_ids") or []
-    start = merged.get("decoder_start_token_id", merged.get("pad_token_id"))
-    if any(words != [start] for words in bad_words):
-        raise UserError(f"generation_config.json: bad_words_ids {bad_words} (only the start "
-                        "token [[pad]] is supported)")  # fmt: skip
-    return {
-        "beam_size": int(merged.get("num_beams") or 1),
-        "length_penalty": float(merged.get("length_penalty", 1.0)),
-        "length_penalty_type": "average",
-        "beam_stopping": {True: "k_finished", False: "no_improvement", "never": "never"}[
-            early_stopping
-        ],
-        "force_eos_at_limit": merged.get("forced_eos_token_id") is not None,
-        "min_length": max(int(merged.get("min_length") or 0) - 1, 0),
-        "no_repeat_ngram_size": int(merged.get("no_repeat_ngram_size") or 0),
-        "max_length_ratio": 0.0,
-        "max_length_offset": max_length,
-        "max_length_cap": max_length,
-        "renormalized": bool(merged.get("renormalize_logits", False)),
-    }
-
-
 def _gather(space, weights, name, transposed=False):
     """The embedding table `name` reordered to `space`'s ids, as `RowBlocks`."""
     shape = weights.shape(name)

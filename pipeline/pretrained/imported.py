@@ -5,6 +5,7 @@ vocabularies, written together or not at all."""
 import dataclasses
 
 from pipeline.core.errors import UserError
+from pipeline.pretrained.generation import IMPORT_NOTES
 
 
 @dataclasses.dataclass
@@ -17,7 +18,8 @@ class Imported:
     # {Keras weight path below the model: (a function reading its array or its `RowBlocks`,
     # checkpoint name)}
     weights: dict
-    search: dict  # the `decode` keys of the checkpoint's own search, and "renormalized"
+    # the `decode` keys of the checkpoint's own search, and `generation.IMPORT_NOTES`
+    search: dict
     # {"source": code, "target": code, "tags": {target code: token before the source},
     # "source_tags": {source code: token before the source}, "target_tokens": {target code:
     # token the target starts with}}: what the family has of these
@@ -64,7 +66,7 @@ def work_config(imported):
 
     config = defaults("transformer")
     config["model"].update(imported.model, suppressed_ids=list(imported.suppressed_ids))
-    search = {k: v for k, v in imported.search.items() if k != "renormalized"}
+    search = {k: v for k, v in imported.search.items() if k not in IMPORT_NOTES}
     config["decode"].update(search)
     # Every source position, </s> included, within the positions the model has.
     longest = imported.model["max_positions"] - int(imported.model["source_eos"])

@@ -16,6 +16,8 @@ import re
 
 from pipeline.core.errors import UnusableFileError, UserError
 from pipeline.pretrained import bart_layers, vocabulary
+from pipeline.pretrained.checkpoint import GENERATION_CONFIG_FILE
+from pipeline.pretrained.generation import generate_settings
 from pipeline.pretrained.imported import Imported
 
 MODEL_TYPE = "m2m_100"
@@ -133,7 +135,7 @@ def convert(checkpoint):
     space = vocabulary.id_space(rows, rows["<unk>"], eos, start,
                                 vocabulary.producible_pieces(spm_proto), size)  # fmt: skip
     weights = checkpoint.weights()
-    generation = checkpoint.json("generation_config.json", required=False)
+    generation = checkpoint.json(GENERATION_CONFIG_FILE, required=False)
     spellings = {token: "\u2581" + token for token in tags.values()}
     return Imported(
         family=MODEL_TYPE,
@@ -142,7 +144,7 @@ def convert(checkpoint):
         source_model=vocabulary.side_model(space, spm_proto, spellings),
         target_model=vocabulary.side_model(space, spm_proto, spellings),
         weights=bart_layers.arrays(weights, settings, space, space, "M2M100", FINAL_NORMS),
-        search=bart_layers.generate_settings(config, generation),
+        search=generate_settings(config, generation),
         languages={"source_tags": tags, "target_tokens": tags},
         unproducible=[],
     )

@@ -13,6 +13,8 @@ import re
 
 from pipeline.core.errors import UnusableFileError, UserError
 from pipeline.pretrained import bart_layers, vocabulary
+from pipeline.pretrained.checkpoint import GENERATION_CONFIG_FILE
+from pipeline.pretrained.generation import generate_settings
 from pipeline.pretrained.imported import Imported
 
 MODEL_TYPE = "marian"
@@ -98,7 +100,7 @@ def convert(checkpoint):
     spellings = {token: "\u2581" + token for token in language_tags.values()}
     weights = checkpoint.weights()
     arrays = bart_layers.arrays(weights, settings, source_space, target_space, "Marian")
-    generation = checkpoint.json("generation_config.json", required=False)
+    generation = checkpoint.json(GENERATION_CONFIG_FILE, required=False)
     return Imported(
         family=MODEL_TYPE,
         model=settings,
@@ -106,7 +108,7 @@ def convert(checkpoint):
         source_model=vocabulary.side_model(source_space, source_spm, spellings),
         target_model=vocabulary.side_model(target_space, target_spm),
         weights=arrays,
-        search=bart_layers.generate_settings(config, generation),
+        search=generate_settings(config, generation),
         languages={
             "source": tokenizer.get("source_lang"),
             "target": tokenizer.get("target_lang"),
