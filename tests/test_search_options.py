@@ -23,7 +23,7 @@ LIBRARY = ("pipeline", "export", "layers")
 SEARCH_CODE = {"pipeline/decoding/search_options.py", "pipeline/decoding/search.py"}
 # A checkpoint family's translation of its library's generation settings into our options:
 # a table of names, as its weight names are.
-GENERATION_MAPPINGS = {"pipeline/pretrained/bart_layers.py"}
+GENERATION_MAPPINGS = {"pipeline/pretrained/generation.py"}
 
 
 def files_naming(name):

@@ -63,8 +63,8 @@ export class Translator {
         "model again (python -m export)");
     }
     if (metadata.external_data) {
-      throw new Error("this export keeps its weights in files beside its models (it is over " +
-        "2 GB): too large for a page; export a smaller model for the browser");
+      throw new Error("this export keeps its weights in files beside its models (they pass " +
+        "512 MiB): too large for a page; export a smaller model for the browser");
     }
     if (int8 && !metadata.int8_model) {
       throw new Error("this export has no int8 model: export it with export.onnx_int8: true");
