@@ -28,6 +28,7 @@ import keras
 import numpy as np
 import sentencepiece
 
+from layers.keras_internals import encoder_sublayers
 from layers.transformer import NEVER
 from pipeline.core.errors import UserError
 from pipeline.data.tokenizer import BOS_ID, EOS_ID, UNK_ID
@@ -80,14 +81,15 @@ def _set_position_table(spec, layer, rows, dim):
 
 def _set_encoder_layer(spec, layer):
     """A keras-hub `TransformerEncoder`."""
-    attention = layer._self_attention_layer
+    parts = encoder_sublayers(layer)
+    attention = parts.self_attention
     projections = (attention.query_dense, attention.key_dense, attention.value_dense)
     _set_linear(spec.self_attention.linear[0], projections)
     _set_linear(spec.self_attention.linear[1], [attention.output_dense], input_axes=2)
-    _set_layer_norm(spec.self_attention.layer_norm, layer._self_attention_layer_norm)
-    _set_linear(spec.ffn.linear_0, [layer._feedforward_intermediate_dense])
-    _set_linear(spec.ffn.linear_1, [layer._feedforward_output_dense])
-    _set_layer_norm(spec.ffn.layer_norm, layer._feedforward_layer_norm)
+    _set_layer_norm(spec.self_attention.layer_norm, parts.self_attention_norm)
+    _set_linear(spec.ffn.linear_0, [parts.feedforward_intermediate])
+    _set_linear(spec.ffn.linear_1, [parts.feedforward_output])
+    _set_layer_norm(spec.ffn.layer_norm, parts.feedforward_norm)
 
 
 def _set_decoder_layer(spec, layer):

@@ -3,6 +3,11 @@
 import keras
 import keras_hub
 
+from layers.keras_internals import (
+    attention_weights_dropout,
+    encoder_sublayers,
+    set_attention_weights_dropout,
+)
 from layers.sixteen_bit_dropout import SixteenBitDropout
 
 
@@ -29,17 +34,16 @@ class TransformerEncoderLayer(keras_hub.layers.TransformerEncoder):
 
     def build(self, inputs_shape):
         # keras-hub builds each dropout at its one rate, and a Keras dropout built at 0 has no
-        # random state: build them at the higher rate, then give each its own. Keras'
-        # MultiHeadAttention reads its rate from `_dropout` (whether) and `_dropout_layer`.
+        # random state: build them at the higher rate, then give each its own.
         sublayer_dropout = self.dropout
         self.dropout = max(sublayer_dropout, self.attention_dropout)
         super().build(inputs_shape)
         self.dropout = sublayer_dropout
-        self._self_attention_dropout.rate = self._feedforward_dropout.rate = sublayer_dropout
-        attention = self._self_attention_layer
-        attention._dropout = attention._dropout_layer.rate = self.attention_dropout
-        for dropout in (self._self_attention_dropout, self._feedforward_dropout,
-                        attention._dropout_layer):  # fmt: skip
+        parts = encoder_sublayers(self)
+        parts.self_attention_dropout.rate = parts.feedforward_dropout.rate = sublayer_dropout
+        set_attention_weights_dropout(parts.self_attention, self.attention_dropout)
+        for dropout in (parts.self_attention_dropout, parts.feedforward_dropout,
+                        attention_weights_dropout(parts.self_attention)):  # fmt: skip
             SixteenBitDropout.adopt(dropout)
 
     def get_config(self):

@@ -88,23 +88,11 @@ def exclusive_writer(directory, wait=False, log=print):
 
 
 def save_model_atomically(model, path):
-    with atomic_path(path) as tmp, _weights_through_disk():
+    from layers.keras_internals import weights_saved_through_disk
+
+    # Not through an in-memory copy of every weight (`weights_saved_through_disk`).
+    with atomic_path(path) as tmp, weights_saved_through_disk():
         model.save(tmp)
-
-
-@contextlib.contextmanager
-def _weights_through_disk():
-    """Keras writes a .keras file's weights to an in-memory HDF5 file first when it judges the
-    memory sufficient (and without psutil it judges so below 1 GB): a second copy of every
-    weight at the peak. Its other path, a temporary file beside the output, costs none."""
-    from keras.src.saving import saving_lib
-
-    judge = saving_lib.is_memory_sufficient
-    saving_lib.is_memory_sufficient = lambda model: False
-    try:
-        yield
-    finally:
-        saving_lib.is_memory_sufficient = judge
 
 
 def write_directory_atomically(path, fill):

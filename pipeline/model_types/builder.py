@@ -17,20 +17,16 @@ def variables_made_as_zeros():
     some initialisers have no bfloat16 kernel. The dropout layers' seed states, which no
     checkpoint holds, are made as before."""
     import tensorflow as tf
-    from keras.src.backend.tensorflow import core
 
-    draw = core.Variable._initialize_with_initializer
+    from layers.keras_internals import variables_initialised_by
 
-    def as_zeros(variable, initializer):
+    def zeros(variable):
         if SEED_STATE in variable.path:
-            return draw(variable, initializer)
-        return variable._initialize(lambda: tf.zeros(variable.shape, dtype=variable.dtype))
+            return None
+        return lambda: tf.zeros(variable.shape, dtype=variable.dtype)
 
-    core.Variable._initialize_with_initializer = as_zeros
-    try:
+    with variables_initialised_by(zeros):
         yield
-    finally:
-        core.Variable._initialize_with_initializer = draw
 
 
 @contextlib.contextmanager

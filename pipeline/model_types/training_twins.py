@@ -11,9 +11,9 @@ saved and exported is always the plain model, which takes the trained weights.
 
 import tensorflow as tf
 from keras import ops
-from keras.src.losses.loss import unscale_loss_for_distribution
 
 import layers
+from layers.keras_internals import loss_tracker, unscale_loss_for_distribution
 from layers.token_losses import projected_token_cross_entropy
 from pipeline.core import micro_batches
 
@@ -100,7 +100,7 @@ class DistributedTraining:
             (tf.constant(0), tf.constant(0.0), [tf.zeros(w.shape, w.dtype) for w in weights]),
             parallel_iterations=1,
         )
-        self._loss_tracker.update_state(unscale_loss_for_distribution(loss),
+        loss_tracker(self).update_state(unscale_loss_for_distribution(loss),
                                         sample_weight=micro_batches.sentences(grouped))  # fmt: skip
         self.optimizer.apply_gradients(zip(gradients, weights))
         return self.get_metrics_result()
