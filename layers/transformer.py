@@ -261,10 +261,11 @@ class Transformer(EncoderDecoderModel):
             ops.cast(self.target_embedding.embeddings, features.dtype),
             (self._target_vocab_size, self.model_dim),
         )
-        if len(features.shape) == 2:  # a decoder step's rows
-            return tf.raw_ops.BatchMatMulV2(x=features, y=embeddings, adj_y=True)
-        rows = tf.reshape(features, (-1, self.model_dim))
+        stepping = len(features.shape) == 2  # a decoder step's rows, already flat
+        rows = features if stepping else tf.reshape(features, (-1, self.model_dim))
         logits = tf.raw_ops.BatchMatMulV2(x=rows, y=embeddings, adj_y=True)
+        if stepping:
+            return logits
         shape = tf.concat([tf.shape(features)[:-1], [self._target_vocab_size]], 0)
         return tf.reshape(logits, shape)
 

@@ -321,6 +321,9 @@ def test_generation_settings_that_change_nothing_import_and_sampling_is_said(tmp
                "use_cache": True, "num_return_sequences": 3, "temperature": 0.7}  # fmt: skip
     settings = generate_settings({"num_beams": 5, "diversity_penalty": 0.0}, neutral)
     assert settings["beam_size"] == 5 and not settings["sampled"]
+    # generate() reads generation_config.json's value over config.json's
+    overridden = generate_settings({"repetition_penalty": 1.3}, {"repetition_penalty": 1.0})
+    assert overridden["beam_size"] == 1
     source = broken_copy(tmp_path, edit_json(GENERATION_CONFIG_FILE, do_sample=True, top_p=0.9))
     lines = []
     config = import_checkpoint(source, tmp_path / "imported", log=lines.append)

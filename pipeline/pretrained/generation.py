@@ -66,20 +66,24 @@ REFUSED = {
 }
 
 
-def _check(values, file, every_key_known):
-    """Refuses `values`' keys that would make `generate()` translate otherwise than the
-    toolkit; returns whether they ask for sampling."""
-    for key, value in values.items():
+def _check(config, generation):
+    """Refuses the settings that would make `generate()` translate otherwise than the toolkit
+    (generation_config.json's where it has the key, which `generate()` reads over
+    config.json's) and generation_config.json's unknown keys; returns whether they ask for
+    sampling."""
+    merged = {**config, **generation}
+    for key, value in merged.items():
+        file = GENERATION_CONFIG_FILE if key in generation else "config.json"
         if key in REFUSED:
             neutral, instead = REFUSED[key]
             if value is not None and value not in neutral:
                 raise UserError(f"{file}: {key} {value!r} is not supported; the toolkit's "
                                 f"search would apply {instead}: remove the key to import "
                                 "the checkpoint so")  # fmt: skip
-        elif every_key_known and key not in MAPPED | INERT | SAMPLING:
+        elif key in generation and key not in MAPPED | INERT | SAMPLING:
             raise UserError(f"{file}: {key} is no generation setting the importer knows: it "
                             "cannot tell whether generate() would translate otherwise")  # fmt: skip
-    return bool(values.get("do_sample"))
+    return bool(merged.get("do_sample"))
 
 
 def _given(values, key, default):
@@ -93,8 +97,7 @@ def generate_settings(config, generation):
     checkpoint's generation config (and config.json's defaults under it), with
     "renormalized" (renormalize_logits) and "sampled" (do_sample: the import says that the
     toolkit's search is beam search all the same)."""
-    sampled = _check(generation, GENERATION_CONFIG_FILE, every_key_known=True)
-    sampled = _check(config, "config.json", every_key_known=False) or sampled
+    sampled = _check(config, generation)
     merged = {**config, **generation}
     # transformers' lengths count the decoder's start token; *_new_tokens, the tokens output.
     max_length = int(merged.get("max_length") or 20) - 1
