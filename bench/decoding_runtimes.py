@@ -31,6 +31,7 @@ from common import alternate, machine  # noqa: E402
 
 from export.runtime import OnnxTranslator  # noqa: E402
 from export.signature import BEAM_SEARCH, SOURCE_IDS  # noqa: E402
+from pipeline.core.graph_function import graph_function  # noqa: E402
 from pipeline.data.corpus import read_split  # noqa: E402
 from pipeline.data.length_batches import length_sorted_batches  # noqa: E402
 from pipeline.data.tokenizer import PAD_ID  # noqa: E402
@@ -64,7 +65,7 @@ class KerasRuntime:
             )  # fmt: skip
             return ids[:, 0], scores[:, 0]
 
-        self._search = tf.function(
+        self._search = graph_function(
             search,
             input_signature=[
                 tf.TensorSpec([None, None], tf.int32),

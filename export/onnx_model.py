@@ -87,6 +87,26 @@ def _reshape_pairs_merged_only_without_copied_dims():
         handlers[("Reshape",)] = merge
 
 
+# tf2onnx's optimiser passes for ops the exported graphs never hold (resizes, quantised pairs:
+# the int8 model is quantised after conversion): every pass rebuilds the whole graph whether
+# or not it finds anything, so these only cost time.
+PASSES_WITHOUT_WORK = ("remove_redundant_upsample", "const_dequantize_optimizer", "q_dq_optimizer")
+
+
+@contextlib.contextmanager
+def _without_passes_without_work():
+    from tf2onnx import optimizer
+
+    every_pass = optimizer._optimizers
+    optimizer._optimizers = type(every_pass)(
+        (name, factory) for name, factory in every_pass.items() if name not in PASSES_WITHOUT_WORK
+    )
+    try:
+        yield
+    finally:
+        optimizer._optimizers = every_pass
+
+
 def _erfc_as_one_minus_erf(graph, node, name, args):
     """ONNX has Erf but no Erfc, which TensorFlow's exact GELU uses: 1 - erf(x)."""
     from tf2onnx import utils
@@ -111,7 +131,7 @@ def convert_to_onnx(function, opset):
         opset=opset,
         custom_op_handlers={"Erfc": (_erfc_as_one_minus_erf, ())},
     )
-    with _reshape_pairs_merged_only_without_copied_dims():
+    with _reshape_pairs_merged_only_without_copied_dims(), _without_passes_without_work():
         try:
             with _environment_variable(tf2onnx.constants.ENV_TF2ONNX_CATCH_ERRORS, "false"):
                 return convert()[0]

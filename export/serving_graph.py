@@ -26,6 +26,7 @@ from export.signature import (
     WITH_PREFIX,
 )
 from pipeline.core import multilingual
+from pipeline.core.graph_function import graph_function
 from pipeline.data.tokenizer import PAD_ID, UNK_ID
 from pipeline.decoding.search import search as run_search
 from pipeline.decoding.search_options import (
@@ -75,7 +76,7 @@ def _search_signature(search, defaults, options=EXPORTED_OPTIONS, prefix_require
         ]
         + [tf.TensorSpec([], o.dtype, name=o.name) for o in options]
     )
-    return tf.function(search_with_options, input_signature=input_signature)
+    return graph_function(search_with_options, input_signature=input_signature)
 
 
 def _language_lookup(values, name, side):
@@ -146,7 +147,7 @@ def _text_signature(translate_text, languages, with_prefix):
     specs += [tf.TensorSpec([None], tf.string, name=TARGET_PREFIX)] * with_prefix
     specs += [tf.TensorSpec([None], tf.string, name=n) for n in languages.inputs]
 
-    @tf.function(input_signature=specs)
+    @graph_function(input_signature=specs)
     def translate(sentences, *inputs):
         target_prefix = inputs[0] if with_prefix else None
         asked = dict(zip(languages.inputs, inputs[with_prefix:]))

@@ -57,17 +57,16 @@ def workdirs(exported_workdir, exported_transformer_workdir, tmp_path_factory):
     """What the docs' paths name, on the smoke models: runs/default (a trained, exported
     recurrent model), runs/transformer/export (a Transformer's, with CTranslate2) and
     runs/nllb/export (the small NLLB test checkpoint imported, for CTranslate2)."""
+    from export import __main__ as export_command
+    from pipeline import import_model
+
     ctranslate2_export = tmp_path_factory.mktemp("transformer_export")
     nllb = tmp_path_factory.mktemp("nllb") / "imported"
-    for command in (
-        ["export", "--workdir", exported_transformer_workdir, "--output", ctranslate2_export,
-         "--formats", "ctranslate2"],
-        ["pipeline.import_model", PROJECT_ROOT / "tests" / "fixtures" / "hf_m2m" / "nllb",
-         "--workdir", nllb],
-        ["export", "--workdir", nllb, "--formats", "ctranslate2"],
-    ):  # fmt: skip
-        subprocess.run([sys.executable, "-m", *map(str, command)], cwd=PROJECT_ROOT, check=True,
-                       capture_output=True, timeout=600)  # fmt: skip
+    export_command.main(["--workdir", str(exported_transformer_workdir), "--output",
+                         str(ctranslate2_export), "--formats", "ctranslate2"])  # fmt: skip
+    import_model.main([str(PROJECT_ROOT / "tests" / "fixtures" / "hf_m2m" / "nllb"), "--workdir",
+                       str(nllb)])  # fmt: skip
+    export_command.main(["--workdir", str(nllb), "--formats", "ctranslate2"])
     return {"runs/transformer/export": str(ctranslate2_export),
             "runs/nllb/export": str(nllb / "export"),
             "runs/default": str(exported_workdir)}  # fmt: skip

@@ -761,6 +761,34 @@ def test_a_failing_tf2onnx_pass_is_skipped_as_tf2onnx_does(monkeypatch):
     assert tf2onnx.constants.ENV_TF2ONNX_CATCH_ERRORS not in os.environ
 
 
+def test_the_passes_left_out_are_tf2onnxs_and_only_for_the_conversion(monkeypatch):
+    """The passes for ops the graphs never hold are skipped by name: a name tf2onnx no longer
+    uses would leave them running silently. Other conversions keep every pass."""
+    import tf2onnx.optimizer
+
+    from export.onnx_model import PASSES_WITHOUT_WORK, convert_to_onnx
+
+    every_pass = tf2onnx.optimizer._optimizers
+    assert set(PASSES_WITHOUT_WORK) < set(every_pass)
+    ran = []
+
+    def recorded(name, factory):
+        def make():
+            ran.append(name)
+            return factory()
+
+        return make
+
+    for name, factory in list(every_pass.items()):
+        monkeypatch.setitem(every_pass, name, recorded(name, factory))
+    add_one = tf.function(
+        lambda x: x + 1.0, input_signature=[tf.TensorSpec([None], tf.float32, name="x")]
+    )
+    convert_to_onnx(add_one, opset=17)
+    assert ran and not set(ran) & set(PASSES_WITHOUT_WORK)
+    assert tf2onnx.optimizer._optimizers is every_pass
+
+
 def test_both_translators_offer_the_same_calls_and_results(workdir, out):
     """`Translator` (in process) and `OnnxTranslator` answer `translate` and
     `translate_n_best` with the same parameters and the same (text, score) results; options

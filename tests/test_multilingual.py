@@ -444,7 +444,8 @@ def test_a_multilingual_transformers_ctranslate2_export_translates_with_the_tag(
     # The multilingual smoke recipe with the Transformer smoke model, its paths made absolute.
     recipe = yaml.safe_load(SMOKE.read_text())
     recipe["model"] = yaml.safe_load((SMOKE.parent / "smoke_transformer.yaml").read_text())["model"]
-    for split in ("train", "valid", "test"):
+    recipe["data"]["multiway_test"] = None  # nothing here reads the test report
+    for split in ("train", "valid"):
         files = recipe["data"][f"multiway_{split}"]
         recipe["data"][f"multiway_{split}"] = {
             language: str((SMOKE.parent / path).resolve()) for language, path in files.items()

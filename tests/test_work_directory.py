@@ -29,7 +29,6 @@ from pipeline.config import PROJECT_ROOT
 from pipeline.core.errors import UnusableFileError, UserError, WriteFailed
 from pipeline.workdir import LOCK_FILE, exclusive_writer
 
-NO_TEST = ("--set", "data.test_source=null", "--set", "data.test_target=null")
 
 # A process that holds DIRECTORY's writer lock until its standard input closes.
 HOLDER = textwrap.dedent("""
@@ -115,7 +114,7 @@ def test_readers_work_while_a_writer_holds_the_lock(exported_workdir, tmp_path):
 def test_two_trainings_on_one_work_directory(tmp_path):
     """The second command started while the first trains is refused at once, or with --wait
     runs after it; the first's checkpoints and model are those of one run."""
-    command = train_command(tmp_path, "--set", "train.keep_checkpoints=99", *NO_TEST)
+    command = train_command(tmp_path, "--set", "train.keep_checkpoints=99")
     first = start(command)
     wait_for_checkpoint(tmp_path, 10, first)
     # Held still, with its lock, until both others have met it: however fast the machine,
@@ -273,7 +272,7 @@ def temporary_files(directory):
 @pytest.mark.slow
 def test_a_disk_that_fills_during_training_stops_it_with_one_line(small_disk):
     workdir = small_disk / "run"
-    process = start(train_command(workdir, *NO_TEST))
+    process = start(train_command(workdir))
     wait_for_checkpoint(workdir, 10, process)
     filler = fill(small_disk)
     output, _ = process.communicate(timeout=300)
@@ -287,7 +286,7 @@ def test_a_disk_that_fills_during_training_stops_it_with_one_line(small_disk):
     assert kept and kept == sorted(kept)
     filler.unlink()
     resumed = subprocess.run(
-        train_command(workdir, *NO_TEST), cwd=PROJECT_ROOT, capture_output=True, text=True,
+        train_command(workdir), cwd=PROJECT_ROOT, capture_output=True, text=True,
         timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]

@@ -86,6 +86,7 @@ def corpus_perplexity(model, corpus, source_tokenizer, target_tokenizer, config,
     """
     import tensorflow as tf
 
+    from pipeline.core.graph_function import graph_function
     from pipeline.data.dataset import batching_options, encode_corpus, make_dataset
     from pipeline.data.tokenizer import PAD_ID
 
@@ -96,7 +97,7 @@ def corpus_perplexity(model, corpus, source_tokenizer, target_tokenizer, config,
         return None
     spec = tf.TensorSpec([None, None], tf.int32)
 
-    @tf.function(input_signature=[spec, spec, spec], reduce_retracing=True)
+    @graph_function(input_signature=[spec, spec, spec], reduce_retracing=True)
     def negative_log_likelihood(source_ids, target_input_ids, target_output_ids):
         # Through `forward`, which a single model and an ensemble both have.
         logits, _ = model.forward(

@@ -6,6 +6,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
+from pipeline.core.graph_function import graph_function
 from pipeline.data.length_batches import length_sorted_batches
 from pipeline.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -41,7 +42,7 @@ class Scorer:
         self.batch_size = batch_size
         self.max_source_length = max_source_length
         ids = tf.TensorSpec([None, None], tf.int32)
-        self._score = tf.function(
+        self._score = graph_function(
             self._score_batch, input_signature=[ids, ids, ids], reduce_retracing=True
         )
 

@@ -6,6 +6,7 @@ import numpy as np
 import tensorflow as tf
 
 from pipeline.core import multilingual
+from pipeline.core.graph_function import graph_function
 from pipeline.data.length_batches import length_sorted_batches
 from pipeline.data.tokenizer import EOS_ID, PAD_ID, UNK_ID
 from pipeline.decoding.search import search
@@ -77,8 +78,8 @@ class Translator:
 
             ids = tf.TensorSpec([None, None], tf.int32)
             self._searches[options] = (
-                tf.function(search_batch, input_signature=[ids]),
-                tf.function(search_batch, input_signature=[ids, ids]),
+                graph_function(search_batch, input_signature=[ids]),
+                graph_function(search_batch, input_signature=[ids, ids]),
             )
         return self._searches[options]
 
