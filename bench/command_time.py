@@ -12,6 +12,7 @@ checkout, e.g. `git worktree add DIR HEAD~1`, with this interpreter's packages.
 """
 
 import argparse
+import functools
 import gzip
 import shutil
 import statistics
@@ -60,13 +61,12 @@ def main():
         scratch = Path(temp) / "export"
         trees = {"this tree": PROJECT_ROOT, "reference": args.ref_tree.resolve()}
         for name, arguments in commands(args.workdir.resolve(), source, scratch).items():
-            sides = {tree: (lambda root=root: timed(root, arguments, scratch))
+            sides = {tree: functools.partial(timed, root, arguments, scratch)
                      for tree, root in trees.items()}  # fmt: skip
-            seconds = {tree: statistics.median(times)
-                       for tree, times in alternate(args.rounds, sides).items()}  # fmt: skip
-            ratio = seconds["reference"] / seconds["this tree"]
-            print(f"{name}: this tree {seconds['this tree']:.1f} s, reference "
-                  f"{seconds['reference']:.1f} s, {ratio:.2f}x (median of {args.rounds})")  # fmt: skip
+            ours, theirs = (statistics.median(times)
+                            for times in alternate(args.rounds, sides).values())  # fmt: skip
+            print(f"{name}: this tree {ours:.1f} s, reference {theirs:.1f} s, "
+                  f"{theirs / ours:.2f}x (median of {args.rounds})")  # fmt: skip
 
 
 if __name__ == "__main__":

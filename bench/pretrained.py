@@ -9,7 +9,7 @@ import, and the import and export of NLLB's shape.
     python bench/pretrained.py fine-tune-m2m [--root runs/pretrained] [--minutes 10]
     python bench/pretrained.py size [--root runs/pretrained]
 
-The checkpoints are made by transformers in the venv of `bench/hf_fixtures.py` (`--hf-venv`,
+The checkpoints are made by transformers in the venv of `tools/hf_fixtures.py` (`--hf-venv`,
 made when missing); torch never enters the project's environment.
 
 speed: a random checkpoint of `--model`'s shape: opus-mt-base, a `MarianMTModel` of OPUS-MT's
@@ -62,7 +62,9 @@ import sys
 import time
 from pathlib import Path
 
-import hf_fixtures
+# The checkpoints are made as the tests' fixtures are (tools/hf_fixtures.py).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+import hf_fixtures  # noqa: E402
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 MULTI30K = hf_fixtures.MULTI30K
@@ -799,7 +801,7 @@ def main():
         "--hf-venv",
         type=Path,
         default=PROJECT_ROOT / "runs" / "hf" / "venv",
-        help="the transformers venv (bench/hf_fixtures.py's), made if missing",
+        help="the transformers venv (tools/hf_fixtures.py's), made if missing",
     )
     parser.add_argument("--model", choices=tuple(SPEED_MODELS), default="opus-mt-base",
                         help="speed: the checkpoint's shape")  # fmt: skip

@@ -1,5 +1,5 @@
 """Imported Marian checkpoints compute what transformers computes: the fixtures under
-tests/fixtures/hf_marian (made by bench/hf_fixtures.py in a venv of its own, with torch and
+tests/fixtures/hf_marian (made by tools/hf_fixtures.py in a venv of its own, with torch and
 transformers, which this environment never has) hold small trained checkpoints and what
 transformers gave for them: tokenizer ids, logits for forced targets, greedy and beam ids."""
 

@@ -1,5 +1,5 @@
 """Imported M2M100 and NLLB checkpoints compute what transformers computes: the fixtures under
-tests/fixtures/hf_m2m (made by bench/hf_m2m_fixtures.py in a venv of its own, with torch and
+tests/fixtures/hf_m2m (made by tools/hf_m2m_fixtures.py in a venv of its own, with torch and
 transformers, which this environment never has) hold small trained checkpoints of both
 tokenizer layouts and what transformers gave for them, each sentence with its source and
 target language: tokenizer ids, logits for forced targets, greedy and beam ids."""

@@ -29,7 +29,6 @@ from pipeline.config import PROJECT_ROOT
 from pipeline.core.errors import UnusableFileError, UserError, WriteFailed
 from pipeline.workdir import LOCK_FILE, exclusive_writer
 
-
 # A process that holds DIRECTORY's writer lock until its standard input closes.
 HOLDER = textwrap.dedent("""
     import sys

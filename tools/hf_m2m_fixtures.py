@@ -2,10 +2,10 @@
 `transformers` computes with them: the fixtures of the many-to-many importer's tests
 (`tests/fixtures/hf_m2m/`).
 
-    runs/hf/venv/bin/python bench/hf_m2m_fixtures.py --out tests/fixtures/hf_m2m
-    python3 bench/hf_m2m_fixtures.py --venv runs/hf/venv --out tests/fixtures/hf_m2m
+    runs/hf/venv/bin/python tools/hf_m2m_fixtures.py --out tests/fixtures/hf_m2m
+    python3 tools/hf_m2m_fixtures.py --venv runs/hf/venv --out tests/fixtures/hf_m2m
 
-The venv is `bench/hf_fixtures.py`'s (its `VENV_PACKAGES`); nothing of the toolkit is
+The venv is `tools/hf_fixtures.py`'s (its `VENV_PACKAGES`); nothing of the toolkit is
 imported. Seeded throughout; it overwrites `--out`.
 
 1. Data: the first `TRAIN_LINES` lines of Multi30k's German, English and French training

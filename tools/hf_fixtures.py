@@ -1,8 +1,8 @@
 """Small random Marian (OPUS-MT) checkpoints, and what Hugging Face `transformers` computes with
 them: the fixtures of the Marian importer's tests (`tests/fixtures/hf_marian/`).
 
-    runs/hf/venv/bin/python bench/hf_fixtures.py --out tests/fixtures/hf_marian
-    python3 bench/hf_fixtures.py --venv runs/hf/venv --out tests/fixtures/hf_marian
+    runs/hf/venv/bin/python tools/hf_fixtures.py --out tests/fixtures/hf_marian
+    python3 tools/hf_fixtures.py --venv runs/hf/venv --out tests/fixtures/hf_marian
 
 PyTorch and `transformers` never enter the project's environment: this script runs in a venv
 of its own, and imports nothing of the toolkit (nor TensorFlow). Make the venv with
@@ -99,7 +99,9 @@ import unicodedata
 import warnings
 from pathlib import Path
 
-import common
+# The venvs are made as the benchmarks' peers' are (bench/common.py).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import common  # noqa: E402
 
 PROJECT_ROOT = common.PROJECT_ROOT
 MULTI30K = PROJECT_ROOT.parent / "shared" / "data" / "multi30k"
