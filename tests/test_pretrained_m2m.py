@@ -16,7 +16,7 @@ from helpers import PROJECT_ROOT, IdMap, indices_by, run_python
 from layers.transformer import NEVER
 from pipeline.core.errors import UserError
 from pipeline.decoding.search import search
-from pipeline.decoding.search_options import SearchOptions
+from pipeline.decoding.search_options import CAPPED_HYPOTHESES, SearchOptions
 from pipeline.decoding.translation import Translator
 from pipeline.import_model import import_checkpoint
 from pipeline.pretrained import vocabulary
@@ -124,6 +124,32 @@ def test_greedy_and_beam_search_give_generates_ids(imported, name):
         assert [ids.checkpoint(o) for o in outputs(out, lengths)] == [
             theirs[1:] for theirs in case[key]], key  # fmt: skip
     np.testing.assert_allclose(scores.numpy()[:, 0], case["beam_scores"], atol=1e-4)
+
+
+def test_beams_cut_at_max_length_rank_with_the_ended_ones_as_generate_ranks_them(imported):
+    """capped.json: `generate()` at a max_length that most beams reach. A beam cut there is
+    finished and ranks with the ended ones by its score: the import's search gives the same
+    ids and scores; the toolkit's own rule (the ended ones first) would not, on one sentence
+    of these fixtures."""
+    differs = 0
+    for name in NAMES:
+        capped = json.loads((FIXTURES / name / "capped.json").read_text(encoding="utf-8"))
+        config, model, _, _ = load_trained(imported[name])
+        assert config["decode"]["capped_hypotheses"] == "rank"
+        ids = id_map(name, imported[name])
+        sources, prefixes = sources_and_prefixes(name, imported[name])
+        limit = capped["max_length"] - 1  # transformers counts the decoder's start token
+        found = {}
+        for rule in CAPPED_HYPOTHESES:
+            options = SearchOptions.from_config(config["decode"], max_length_offset=limit,
+                                                max_length_cap=limit,
+                                                capped_hypotheses=rule)  # fmt: skip
+            out, lengths, scores, _ = search(model, sources.to_tensor(0), options, prefixes)
+            found[rule] = [ids.checkpoint(o) for o in outputs(out, lengths)], scores.numpy()
+        assert found["rank"][0] == [theirs[1:] for theirs in capped["beam_ids"]], name
+        np.testing.assert_allclose(found["rank"][1][:, 0], capped["beam_scores"], atol=1e-4)
+        differs += found["fill"][0] != found["rank"][0]
+    assert differs
 
 
 def test_the_languages_are_the_checkpoints_codes(imported):

@@ -125,6 +125,22 @@ def test_scores_and_ranking_match_exhaustive_enumeration(rng, alpha, penalty):
         assert tuple(ids.numpy()[0, rank, : lengths.numpy()[0, rank]]) == sequence
 
 
+@pytest.mark.parametrize("capped", ["fill", "rank"])
+def test_a_hypothesis_cut_at_the_limit_fills_a_place_or_ranks_by_its_score(capped):
+    """At the limit of two tokens, "A A" is cut while still open, more probable (0.54) than
+    "</s>" (0.4) and "A </s>" (0.06), which ended: "fill" returns the ended ones first, as
+    the toolkit's own models do; "rank" ranks them all by score, as transformers'
+    generate() finishes every beam at max_length."""
+    model = TableModel(table({BOS: {A: 0.6, EOS: 0.4}, A: {A: 0.9, EOS: 0.1}}))
+    ids, lengths, scores, _ = beam_search(
+        model, SOURCE, max_lengths=2, beam_size=2, n_best=2, alpha=0.0, capped=capped
+    )
+    best = [ids.numpy()[0, n, : lengths.numpy()[0, n]].tolist() for n in range(2)]
+    expected = {"fill": ([[EOS], [A, EOS]], [0.4, 0.06]), "rank": ([[A, A], [EOS]], [0.54, 0.4])}
+    assert best == expected[capped][0]
+    np.testing.assert_allclose(scores.numpy()[0], np.log(expected[capped][1]), atol=1e-5)
+
+
 def test_length_penalty_changes_the_choice():
     # "C </s>" has the best log-probability; "A ... A </s>" the best per token.
     probs = table({BOS: {A: 0.7, C: 0.3}, A: {A: 0.8, EOS: 0.2}, C: {EOS: 0.5, C: 0.5}}, vocab=7)

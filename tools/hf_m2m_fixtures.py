@@ -35,6 +35,8 @@ imported. Seeded throughout; it overwrites `--out`.
    target language token first, </s> last) with their texts (less that token,
    `skip_special_tokens`) and
    `beam_scores`; `generation`.
+7. `capped.json` (`--capped-only` rewrites just it): the beam ids and scores of every
+   sentence with max_length CAPPED_MAX_LENGTH, where beams run to the limit.
 """
 
 import json
@@ -55,6 +57,9 @@ TEST_SENTENCES = 9  # three a direction, before the edge cases
 TARGET_TEXTS = 3
 FORCED = 2
 MAX_LENGTH = 64
+# capped.json's max_length: most beams of the fixtures' sentences run to it.
+CAPPED_MAX_LENGTH = 12
+CAPPED_FILE = "capped.json"
 MAX_POSITIONS = 128
 SPM_PIECES = 480
 CODES = {
@@ -277,14 +282,52 @@ def expected(directory, name, tests, log):
     return result, stats
 
 
+def capped_beams(directory, name):
+    """Writes `directory`/CAPPED_FILE: `generate()`'s beam ids (less the decoder start) and
+    `sequences_scores` for every sentence of expected.json, each alone, with max_length
+    CAPPED_MAX_LENGTH: beams that reach it are finished there and rank with those that
+    ended by their scores, which the importer's search must do alike."""
+    import torch
+    from transformers import AutoTokenizer, M2M100ForConditionalGeneration
+
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    model = M2M100ForConditionalGeneration.from_pretrained(str(directory),
+                                                           dtype=torch.float32).eval()  # fmt: skip
+    case = json.loads((directory / "expected.json").read_text())
+    ids, scores = [], []
+    for source, code in zip(case["source_ids"], case["target_languages"]):
+        language = tokenizer.convert_tokens_to_ids(f"__{code}__" if name == "m2m100" else code)
+        with torch.no_grad():
+            out = model.generate(input_ids=torch.tensor([source]), forced_bos_token_id=language,
+                                 max_length=CAPPED_MAX_LENGTH, return_dict_in_generate=True,
+                                 output_scores=True)  # fmt: skip
+        ids.append(hf_fixtures.strip_generated(out.sequences[0].tolist(),
+                                               model.config.decoder_start_token_id, 1))  # fmt: skip
+        scores.append(float(out.sequences_scores[0]))
+    capped = {"max_length": CAPPED_MAX_LENGTH, "beam_ids": ids, "beam_scores": scores}
+    (directory / CAPPED_FILE).write_text(json.dumps(capped, indent=1) + "\n")
+    return sum(model.config.eos_token_id not in row for row in ids)
+
+
 def main():
-    args = hf_fixtures.fixture_arguments(
+    parser = hf_fixtures.fixture_arguments(
         __doc__.split("\n\n")[0], PROJECT_ROOT / "tests/fixtures/hf_m2m", FIXTURES
     )
-    args = args.parse_args()
+    parser.add_argument("--capped-only", action="store_true",
+                        help=f"only (re)write {CAPPED_FILE}")  # fmt: skip
+    args = parser.parse_args()
+    if args.capped_only:
+        if args.venv is not None:
+            hf_fixtures.ensure_venv(args.venv, Path(__file__))
+        for name in args.fixtures:
+            cut = capped_beams(args.out.resolve() / name, name)
+            print(f"{name}: {cut} beams cut at max_length {CAPPED_MAX_LENGTH}")
+        return
     out, log = hf_fixtures.start(args, Path(__file__))
     for name in args.fixtures:
         make_fixture(name, FIXTURES[name], out, log)
+        cut = capped_beams(out / name, name)
+        log(f"  {CAPPED_FILE}: {cut} beams cut at max_length {CAPPED_MAX_LENGTH}")
     log(f"total {hf_fixtures.directory_size(out) / 1024:.0f} kB")
 
 

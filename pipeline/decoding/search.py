@@ -426,6 +426,7 @@ class Ranking(NamedTuple):
     penalty: str  # "gnmt" or "average" (see `length_penalty`)
     beta: Any  # float32 []: the coverage penalty's weight
     stopping: str = "k_finished"  # one of search_options.BEAM_STOPPING
+    capped: str = "fill"  # one of search_options.CAPPED_HYPOTHESES (see `_n_best`)
 
     def score(self, log_probs, length, coverage, source_mask):
         normalised = log_probs / length_penalty(length, self.alpha, self.penalty)
@@ -666,25 +667,37 @@ def _is_done(state, sources, ranking):
 
 
 def _n_best(state, sources, n_best, ranking, rows):
-    """The `n_best` best hypotheses of the sources `rows` (int32 `[m]`): the finished ones,
-    then, for a source cut at its limit with fewer than k finished, its best alive ones
-    (scored at length t). Ranked over every source of the batch and then gathered: no
+    """The `n_best` best hypotheses of the sources `rows` (int32 `[m]`): the finished ones;
+    for a source cut at its limit, its alive ones too, each scored as if it ended there (at
+    length t), by `ranking.capped`: "fill", the places still empty after the finished ones;
+    "rank", ranked with them by score, as transformers' beam search finishes every beam that
+    reaches max_length. Ranked over every source of the batch and then gathered: no
     reduction runs over an empty batch (ONNX Runtime gets some of those wrong)."""
     alive, finished = state.alive, state.finished
     beam_size = tf.shape(finished.scores)[1]
     alive_scores = ranking.score(alive.log_probs, state.t, alive.coverage, sources.mask)
-    alive_scores, alive_order = tf.math.top_k(alive_scores, k=beam_size)
-    n_finished = tf.reduce_sum(
-        tf.cast(finished.scores > NEG_INF / 2, tf.int32), axis=1, keepdims=True
-    )
-    place = tf.range(n_best)[None, :]
-    pool_index = tf.where(place < n_finished, place, beam_size + place - n_finished)
-    scores = tf.gather(tf.concat([finished.scores, alive_scores], 1), pool_index, batch_dims=1)
-    pool_index, alive_order = tf.gather(pool_index, rows), tf.gather(alive_order, rows)
+    if ranking.capped == "rank":
+        at_limit = (state.t >= sources.limit)[:, None]
+        pool = tf.concat([finished.scores, tf.where(at_limit, alive_scores, NEG_INF)], 1)
+        scores, pool_index = tf.math.top_k(pool, k=n_best)
+    else:
+        alive_scores, alive_order = tf.math.top_k(alive_scores, k=beam_size)
+        n_finished = tf.reduce_sum(
+            tf.cast(finished.scores > NEG_INF / 2, tf.int32), axis=1, keepdims=True
+        )
+        place = tf.range(n_best)[None, :]
+        pool_index = tf.where(place < n_finished, place, beam_size + place - n_finished)
+        scores = tf.gather(tf.concat([finished.scores, alive_scores], 1), pool_index, batch_dims=1)
+        # The alive rows in score order, where the finished ones' places point past them.
+        pool_index = tf.where(
+            pool_index < beam_size,
+            pool_index,
+            beam_size + tf.gather(alive_order, tf.maximum(pool_index - beam_size, 0), batch_dims=1),
+        )
+    pool_index = tf.gather(pool_index, rows)
 
     def pick(finished_values, alive_values):
-        alive_values = tf.gather(tf.gather(alive_values, rows), alive_order, batch_dims=1)
-        pool = tf.concat([tf.gather(finished_values, rows), alive_values], 1)
+        pool = tf.concat([tf.gather(finished_values, rows), tf.gather(alive_values, rows)], 1)
         return tf.gather(pool, pool_index, batch_dims=1)
 
     return NBest(
@@ -737,6 +750,7 @@ def beam_search(
     target_prefix=None,
     stopping="k_finished",
     force_eos=False,
+    capped="fill",
 ):
     """Batched beam search with length normalisation and coverage penalty (Wu et al., 2016,
     "Google's Neural Machine Translation System", section 7), keeping finished and alive
@@ -745,9 +759,10 @@ def beam_search(
     At each step every alive hypothesis is extended by every token; of the best 2k candidates,
     those among the top k that end in </s> are finished (saved, and not expanded), and the
     best k that do not end stay alive. A source is done once it has k finished hypotheses or
-    its hypotheses reach its limit, where its best alive ones fill the places still empty;
-    its results are set aside and its rows leave the batch. Hypotheses are ranked by
-    log P(Y|X) / length_penalty(|Y|) + coverage_penalty, and the best `n_best` returned.
+    its hypotheses reach its limit, where its best alive ones fill the places still empty
+    (or, with `capped="rank"`, rank with the finished ones); its results are set aside and
+    its rows leave the batch. Hypotheses are ranked by log P(Y|X) / length_penalty(|Y|) +
+    coverage_penalty, and the best `n_best` returned.
 
     Steps run in an inner loop until some source is done, and an outer loop retires the done
     sources: no per-step branch, and a batch that shrinks as its sources finish.
@@ -768,6 +783,7 @@ def beam_search(
             prefix is raised to hold it and </s>.
         stopping, force_eos: when a source is done before its limit (`_is_done`); </s> ends
             a hypothesis at its limit, at log-probability 0.
+        capped: how the hypotheses a source's limit cuts join its finished ones (`_n_best`).
 
     Returns (`width` is the largest limit):
         ids: int32 `[batch, n_best, width]`, best first; lengths: int32 `[batch, n_best]`
@@ -778,7 +794,7 @@ def beam_search(
     beam_size = tf.convert_to_tensor(beam_size, tf.int32)
     n_best = tf.minimum(tf.convert_to_tensor(n_best, tf.int32), beam_size)
     alpha, beta = (tf.convert_to_tensor(x, tf.float32) for x in (alpha, beta))
-    ranking = Ranking(alpha, penalty, beta, stopping)
+    ranking = Ranking(alpha, penalty, beta, stopping, capped)
     batch, src_len = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
     limits, width, prefix = _limits_width_and_prefix(
         max_lengths, batch, target_prefix, model.pad_id
@@ -858,7 +874,7 @@ def search(model, source_ids, options, target_prefix=None):
         outputs = beam_search(
             model, source_ids, limits, o.beam_size, o.n_best, o.length_penalty,
             o.length_penalty_type, o.coverage_penalty, o.min_length, o.no_repeat_ngram_size,
-            target_prefix, o.beam_stopping, o.force_eos_at_limit,
+            target_prefix, o.beam_stopping, o.force_eos_at_limit, o.capped_hypotheses,
         )  # fmt: skip
     if best is not None:
         outputs = [x[:, None] for x in best]  # one hypothesis per sentence

@@ -15,6 +15,7 @@ from pipeline.core.errors import UserError
 
 MAX_BEAM_SIZE = 64  # an exported graph clips a larger requested beam to it
 BEAM_STOPPING = ("k_finished", "no_improvement", "never")
+CAPPED_HYPOTHESES = ("fill", "rank")
 
 
 # What a value of each option kind may be (numpy's scalars too), and its name in an error.
@@ -89,6 +90,9 @@ SEARCH_OPTIONS = (
     SearchOption("force_eos_at_limit", bool, False, "a hypothesis at the length limit ends "
                  "with </s>, at log-probability 0 (transformers' forced_eos_token_id)",
                  configured=True),
+    SearchOption("capped_hypotheses", str, "fill", "hypotheses cut at the length limit fill "
+                 "places no ended one took, or rank with them (transformers' generate())",
+                 choices=CAPPED_HYPOTHESES, configured=True),
     SearchOption("min_length", int, 0, "no end of sentence before this many tokens",
                  minimum=0, configured=True),
     SearchOption("no_repeat_ngram_size", int, 0, "no n-gram of this size appears twice in a "

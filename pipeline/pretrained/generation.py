@@ -119,6 +119,7 @@ def generate_settings(config, generation):
             early_stopping
         ],
         "force_eos_at_limit": merged.get("forced_eos_token_id") is not None,
+        "capped_hypotheses": "rank",
         "min_length": min_length,
         "no_repeat_ngram_size": int(merged.get("no_repeat_ngram_size") or 0),
         "max_length_ratio": 0.0,
