@@ -674,13 +674,13 @@ def _n_best(state, sources, n_best, ranking, rows):
     reaches max_length. Ranked over every source of the batch and then gathered: no
     reduction runs over an empty batch (ONNX Runtime gets some of those wrong)."""
     alive, finished = state.alive, state.finished
-    beam_size = tf.shape(finished.scores)[1]
     alive_scores = ranking.score(alive.log_probs, state.t, alive.coverage, sources.mask)
     if ranking.capped == "rank":
         at_limit = (state.t >= sources.limit)[:, None]
         pool = tf.concat([finished.scores, tf.where(at_limit, alive_scores, NEG_INF)], 1)
         scores, pool_index = tf.math.top_k(pool, k=n_best)
     else:
+        beam_size = tf.shape(finished.scores)[1]
         alive_scores, alive_order = tf.math.top_k(alive_scores, k=beam_size)
         n_finished = tf.reduce_sum(
             tf.cast(finished.scores > NEG_INF / 2, tf.int32), axis=1, keepdims=True
@@ -736,22 +736,10 @@ def _any_shape(tree):
     return tf.nest.map_structure(lambda x: tf.TensorShape([None] * x.shape.rank), tree)
 
 
-def beam_search(
-    model,
-    source_ids,
-    max_lengths,
-    beam_size=5,
-    n_best=1,
-    alpha=0.0,
-    penalty="gnmt",
-    beta=0.0,
-    min_length=0,
-    no_repeat_ngram_size=0,
-    target_prefix=None,
-    stopping="k_finished",
-    force_eos=False,
-    capped="fill",
-):
+def beam_search(model, source_ids, max_lengths, beam_size=5, n_best=1, alpha=0.0,
+                penalty="gnmt", beta=0.0, min_length=0, no_repeat_ngram_size=0,
+                target_prefix=None, stopping="k_finished", force_eos=False,
+                capped="fill"):  # fmt: skip
     """Batched beam search with length normalisation and coverage penalty (Wu et al., 2016,
     "Google's Neural Machine Translation System", section 7), keeping finished and alive
     hypotheses apart as in Tensor2Tensor (Vaswani et al., 2018).
