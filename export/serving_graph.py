@@ -82,7 +82,8 @@ def _search_signature(search, defaults, options=EXPORTED_OPTIONS, prefix_require
 def _language_lookup(values, name, side):
     """`lookup(languages, sentences)`: the string of `values` ({code: string}) of each
     sentence's language, in the graph; a language the model does not have, or not one a
-    sentence, fails the request with a message naming `name` and the model's languages."""
+    sentence, fails the request with a message naming `name`, the model's languages and those
+    asked."""
     known = tf.constant(list(values))
     strings = tf.constant(list(values.values()))
     message = (f"{name}: an unknown language, or not one a sentence; this model translates "
@@ -92,7 +93,7 @@ def _language_lookup(values, name, side):
         matches = tf.equal(languages[:, None], known[None, :])
         fits = tf.logical_and(tf.equal(tf.size(languages), tf.size(sentences)),
                               tf.reduce_all(tf.reduce_any(matches, axis=1)))  # fmt: skip
-        with tf.control_dependencies([tf.debugging.Assert(fits, [message])]):
+        with tf.control_dependencies([tf.debugging.Assert(fits, [message, "asked:", languages])]):
             return tf.gather(strings, tf.argmax(tf.cast(matches, tf.int32), axis=1))
 
     return lookup

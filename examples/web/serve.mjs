@@ -60,6 +60,8 @@ function routes(modelDirectory) {
     ["/model/", modelDirectory],
     ["/vendor/onnxruntime-web/", findPackage("onnxruntime-web", "dist")],
     ["/vendor/sentencepiece-js/", findPackage("@sctg/sentencepiece-js", "dist")],
+    // What the page shares with the Node.js example (examples/shared).
+    ["/shared/", path.join(HERE, "..", "shared")],
     ["/", path.join(HERE, "public")],
   ];
 }
