@@ -155,6 +155,7 @@ def export_model(
         return TranslationGraph(
             model, source_tokenizer.model_proto, target_tokenizer.model_proto, config["decode"],
             multilingual.RequestLanguages.of(multilingual.model_languages(config["data"])),
+            config["data"]["strip_translation_spaces"],
         )  # fmt: skip
 
     start = time.perf_counter()

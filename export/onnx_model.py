@@ -209,6 +209,7 @@ def write_onnx(graph, directory, vocabulary_paths, opset, int8=True, languages=N
         "defaults": defaults,
         "option_dtypes": {name: OPTIONS_BY_NAME[name].dtype for name in defaults},
         "max_source_length": graph.max_source_length,
+        "strip_translation_spaces": graph.strip_translation_spaces,
         "max_length_cap": graph.max_length_cap,
         "inputs": inputs,
         "outputs": outputs,

@@ -24,6 +24,7 @@ import sentencepiece
 from export.signature import METADATA_FILE, SOURCE_IDS, TARGET_PREFIX, option_dtypes
 from pipeline.core import multilingual
 from pipeline.core.errors import UnusableFileError, UserError, first_line
+from pipeline.core.translation_text import translation_text
 from pipeline.data.length_batches import length_sorted_batches
 from pipeline.decoding.search_options import MAX_BEAM_SIZE, check_values
 
@@ -310,7 +311,7 @@ class OnnxTranslator:
             *self.encode_requests(sentences, target_prefix, target_language, source_language),
             progress, **options,
         )  # fmt: skip
-        return [self.target.decode(best[0][0]) for best in hypotheses]
+        return [self.text(best[0][0]) for best in hypotheses]
 
     def translate_n_best(self, sentences, n_best, target_prefix=None, progress=None,
                          target_language=None, source_language=None, **options):  # fmt: skip
@@ -319,7 +320,12 @@ class OnnxTranslator:
             *self.encode_requests(sentences, target_prefix, target_language, source_language),
             progress, n_best=n_best, **options,
         )  # fmt: skip
-        return [[(self.target.decode(ids), score) for ids, score in h] for h in hypotheses]
+        return [[(self.text(ids), score) for ids, score in h] for h in hypotheses]
+
+    def text(self, ids):
+        """The translation of target `ids` (`pipeline.core.translation_text`)."""
+        strip = self.metadata.get("strip_translation_spaces", False)  # absent from older exports
+        return translation_text(self.target.decode(ids), strip)
 
     @property
     def languages(self):

@@ -119,7 +119,7 @@ class TranslationService:
         best = self.translator.translate_ids(
             [source for source, _ in items], prefixes, **self.text_options
         )
-        return [(self.translator.target.decode(ids), score) for (ids, score), *_ in best]
+        return [(self.translator.text(ids), score) for (ids, score), *_ in best]
 
     def _checked_search(self, inputs):
         """A `beam_search` request's feeds, checked once, before it is queued; `RequestError`

@@ -27,6 +27,7 @@ from export.signature import (
 )
 from pipeline.core import multilingual
 from pipeline.core.graph_function import graph_function
+from pipeline.core.translation_text import EDGE_SPACES
 from pipeline.data.tokenizer import PAD_ID, UNK_ID
 from pipeline.decoding.search import search as run_search
 from pipeline.decoding.search_options import (
@@ -187,10 +188,11 @@ class TranslationGraph(tf.Module):
     and detokenisation in the graph. An empty sentence translates to an empty string.
     """
 
-    def __init__(self, model, source_model_proto, target_model_proto, decode, languages=None):
+    def __init__(self, model, source_model_proto, target_model_proto, decode, languages=None,
+                 strip_spaces=False):  # fmt: skip
         """`languages`: how requests name their languages (`multilingual.RequestLanguages`),
         whose `inputs` the text signatures take, a language a sentence; None: a bilingual
-        model's, which takes none."""
+        model's, which takes none. `strip_spaces`: `data.strip_translation_spaces`."""
         super().__init__(name="translation")
         # The variables, not the model: see the module docstring.
         self.model_variables = [variable.value for variable in model.variables]
@@ -203,6 +205,7 @@ class TranslationGraph(tf.Module):
         self.target_tokenizer = tf_text.SentencepieceTokenizer(
             target_model_proto, tf.int32, name="target_sentencepiece"
         )
+        self.strip_translation_spaces = strip_spaces
         self.max_source_length = max_source_length = decode["max_source_length"]
         self.defaults = defaults = exported_defaults(decode)
         configured = SearchOptions.from_config(decode)
@@ -257,7 +260,7 @@ class TranslationGraph(tf.Module):
             prefix_ids = self.target_tokenizer.tokenize(target_prefix).to_tensor(PAD_ID)
             best = search(source_ids, prefix_ids, **defaults)
             return {
-                TRANSLATIONS: self.target_tokenizer.detokenize(best["ids"][:, 0]),
+                TRANSLATIONS: self.translation_text(best["ids"][:, 0]),
                 SCORES: best["scores"][:, 0],
             }
 
@@ -265,6 +268,14 @@ class TranslationGraph(tf.Module):
         self.beam_search = search_function()
         self.translate = _text_signature(translate_text, languages, with_prefix=False)
         self.translate_with_prefix = _text_signature(translate_text, languages, with_prefix=True)
+
+    def translation_text(self, ids):
+        """Target ids int32 `[batch, length]` -> their translations, string `[batch]`, as
+        `pipeline.core.translation_text` writes them."""
+        text = self.target_tokenizer.detokenize(ids)
+        if not self.strip_translation_spaces:
+            return text
+        return tf.strings.regex_replace(text, EDGE_SPACES, "")
 
     def signatures(self):
         return {

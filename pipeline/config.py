@@ -133,6 +133,9 @@ SCHEMA = {
         "target_language_tokens": Field(dict, None, "{target language code: the token a "
                                         "target starts with} of a model with "
                                         "model.target_language_first", nullable=True),
+        "strip_translation_spaces": Field(bool, False, "no spaces at either end of a "
+                                          "translation, as Marian's and M2M100's tokenizers "
+                                          "decode (false: SentencePiece's text)"),
         "source_language": Field(str, None, "the pairs' source language (in model.json; an "
                                  "import's own code, deu_Latn, to fine-tune it), null: the "
                                  "files' suffix", nullable=True),

@@ -316,6 +316,48 @@ def test_each_generation_setting_gives_generates_ids(imported, variant):
     assert [target_map.checkpoint(o) for o in outputs(ids, lengths)] == case["ids"]
 
 
+def test_a_translation_cut_at_the_limit_reads_as_marian_tokenizers_in_every_runtime(
+    imported, exported
+):
+    """A hypothesis cut at max_length may end in a lone word-boundary piece, which SentencePiece
+    decodes to a space and MarianTokenizer strips (the fixture's fifth sentence): so do the
+    import's runtimes (`data.strip_translation_spaces`)."""
+    from export.runtime import OnnxTranslator
+    from pipeline.decoding.translation import Translator
+
+    case, name = GENERATION_VARIANTS["cut_at_max_length"], VARIANTS_FIXTURE
+    generation = {**checkpoint_json(name, GENERATION_CONFIG_FILE), **case["keys"]}
+    # generate()'s max_length counts the decoder start; the import's limit does not.
+    limit = generate_settings(checkpoint_json(name, "config.json"), generation)["max_length_cap"]
+    sentences = expected(name)["sentences"][: len(case["texts"])]
+    trained = load_trained(imported[name])
+    assert trained[0]["data"]["strip_translation_spaces"]
+    _, _, _, target_tokenizer = trained
+    _, target_map = id_maps(name, imported[name])
+    decoded = [target_tokenizer.processor.decode_ids(target_map.ours(ids[:-1]))
+               for ids in case["ids"]]  # fmt: skip
+    assert any(text != text.strip(" ") for text in decoded)  # the case the fixture holds
+    in_process = Translator.from_trained(trained, max_length=limit).translate(sentences)
+    onnx = OnnxTranslator(exported / name).translate(sentences, max_length=limit)
+    assert in_process == onnx == case["texts"]
+
+
+def test_node_writes_a_translation_cut_at_the_limit_as_marian_tokenizer(exported):
+    from helpers import node_example
+
+    node, example = node_example("node")
+    case, name = GENERATION_VARIANTS["cut_at_max_length"], VARIANTS_FIXTURE
+    limit = case["keys"]["max_length"] - 1  # generate() counts the decoder start
+    sentences = expected(name)["sentences"][: len(case["texts"])]
+    result = subprocess.run(
+        [node, "translate.mjs", str(exported / name / "onnx"), *sentences, "--max-length",
+         str(limit)],
+        cwd=example, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[: len(sentences)] == case["texts"]
+
+
 def test_generation_settings_that_change_nothing_import_and_sampling_is_said(tmp_path):
     neutral = {"repetition_penalty": 1.0, "num_beam_groups": 1, "suppress_tokens": [],
                "use_cache": True, "num_return_sequences": 3, "temperature": 0.7}  # fmt: skip

@@ -133,6 +133,8 @@ GENERATION_VARIANTS = {
     "min_length_greedy": {"num_beams": 1, "min_length": 12},
     "ngrams_penalty_early_stop": {"no_repeat_ngram_size": 2, "length_penalty": 0.6,
                                   "early_stopping": True},
+    # Beams cut at the limit: some end in a lone word-boundary piece, which decodes to a space.
+    "cut_at_max_length": {"max_length": 8},
 }  # fmt: skip
 VARIANT_SENTENCES = 6
 GENERATION_VARIANTS_FILE = "generation_variants.json"
@@ -726,10 +728,10 @@ def make_fixture(name, spec, out, log):
 
 
 def generation_variants(directory):
-    """Writes `directory`/GENERATION_VARIANTS_FILE: for each of GENERATION_VARIANTS, its keys
-    and `generate()`'s ids (less the decoder start and trailing pads) for the first
-    VARIANT_SENTENCES of expected.json's inputs, each sentence alone; the ids that prove the
-    importer's mapping of those keys."""
+    """Writes `directory`/GENERATION_VARIANTS_FILE: for each of GENERATION_VARIANTS, its keys,
+    `generate()`'s ids (less the decoder start and trailing pads) for the first
+    VARIANT_SENTENCES of expected.json's inputs, each sentence alone, and their texts as
+    `MarianTokenizer.decode` writes them; what proves the importer's mapping of those keys."""
     import torch
     from transformers import MarianMTModel, MarianTokenizer
 
@@ -739,12 +741,13 @@ def generation_variants(directory):
     inputs = json.loads((directory / "expected.json").read_text())["inputs"][:VARIANT_SENTENCES]
     variants = {}
     for name, keys in GENERATION_VARIANTS.items():
-        ids = []
+        ids, texts = [], []
         for text in inputs:
             with torch.no_grad():
                 out = model.generate(**tokenizer(text, return_tensors="pt"), **keys)
             ids.append(strip_generated(out[0].tolist(), start, pad))
-        variants[name] = {"keys": keys, "ids": ids}
+            texts.append(tokenizer.decode(out[0], skip_special_tokens=True))
+        variants[name] = {"keys": keys, "ids": ids, "texts": texts}
     (directory / GENERATION_VARIANTS_FILE).write_text(json.dumps(variants, indent=1) + "\n")
 
 

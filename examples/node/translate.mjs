@@ -13,8 +13,9 @@ import fs from "node:fs";
 import path from "node:path";
 import * as ort from "onnxruntime-node";
 import { SentencePieceProcessor } from "@sctg/sentencepiece-js";
+import { dropInitializers } from "../shared/onnx-protobuf.mjs";
 import {
-  checkedMetadata, decodedText, hypothesisIds, loadFile, loadProcessor, optionFeeds, paddedIds,
+  alwaysFed, checkedMetadata, decodedText, hypothesisIds, loadFile, loadProcessor, optionFeeds, paddedIds,
   RequestLanguages,
 } from "../shared/exported-model.mjs";
 
@@ -50,9 +51,8 @@ async function loadTranslator(directory) {
     ),
     metadataFile,
   );
-  // logSeverityLevel 3: the search settings are inputs with defaults by design, not a problem.
   const session = await loadFile(path.join(directory, metadata.model), "ONNX model", (file) =>
-    ort.InferenceSession.create(file, { logSeverityLevel: 3 }),
+    loadSession(file, alwaysFed(metadata)),
   );
   const processor = (file) => loadProcessor(SentencePieceProcessor, file);
   const source = await loadFile(path.join(directory, metadata.source_vocabulary), "vocabulary",
@@ -60,6 +60,17 @@ async function loadTranslator(directory) {
   const target = await loadFile(path.join(directory, metadata.target_vocabulary), "vocabulary",
     processor);
   return { metadata, session, source, target };
+}
+
+// The session of the ONNX model `file` without the initializers of the inputs `fed` (see
+// onnx-protobuf.mjs), loaded from memory; a model whose tensors are in files beside it finds
+// them in its own directory.
+function loadSession(file, fed) {
+  return ort.InferenceSession.create(dropInitializers(fs.readFileSync(file), fed), {
+    // What ONNX Runtime says of the loops' graphs is not the user's concern.
+    logSeverityLevel: 3,
+    extra: { session: { model_external_initializers_file_folder_path: path.dirname(file) } },
+  });
 }
 
 // The sentences, each asking for the languages given (`to`, `from`), in one right-padded
@@ -73,7 +84,7 @@ async function translate({ metadata, session, source, target }, sentences, { to,
   if (requests[0].prefix !== null) {
     feeds.target_prefix = paddedIds(ort.Tensor, requests.map((r) => target.encodeIds(r.prefix)), pad);
   }
-  Object.assign(feeds, optionFeeds(ort.Tensor, metadata, options, { spelled }));
+  Object.assign(feeds, optionFeeds(ort.Tensor, metadata, options, { all: true, spelled }));
   const output = await session.run(feeds);
   return ids.map((row, i) =>
     row.length === 0 ? "" : decodedText(target, hypothesisIds(output.ids, metadata.special_ids, i, 0), metadata),

@@ -89,6 +89,14 @@ export class RequestLanguages {
   }
 }
 
+// The inputs a JavaScript runtime always feeds, whose initializers it drops from the model
+// (onnx-protobuf.mjs says why): every search option, and the target prefix of a model whose
+// targets start with their language's token.
+export function alwaysFed(metadata) {
+  const takesPrefix = Object.keys(metadata.languages?.target_tokens ?? {}).length > 0;
+  return [...Object.keys(metadata.defaults), ...(takesPrefix ? ["target_prefix"] : [])];
+}
+
 // Rows of ids as an int32 [rows, longest] tensor (at least one column), right-padded.
 export function paddedIds(Tensor, rows, pad) {
   const width = Math.max(1, ...rows.map((row) => row.length));
@@ -128,8 +136,9 @@ export function hypothesisIds(ids, { pad, eos }, row, n) {
   return (end < 0 ? all : all.slice(0, end)).filter((id) => id !== pad);
 }
 
-// The text of target `ids`, as every runtime writes it (model.json's `decoded_text`).
+// The translation of target `ids`, as every runtime writes it: without spaces at either end
+// where model.json says `strip_translation_spaces` (pipeline/core/translation_text.py).
 export function decodedText(processor, ids, metadata) {
   const text = processor.decodeIds(ids);
-  return metadata.decoded_text === "stripped" ? text.trim() : text;
+  return metadata.strip_translation_spaces ? text.replace(/^ +| +$/g, "") : text;
 }

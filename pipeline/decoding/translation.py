@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from pipeline.core import multilingual
 from pipeline.core.graph_function import graph_function
+from pipeline.core.translation_text import translation_text
 from pipeline.data.length_batches import length_sorted_batches
 from pipeline.data.tokenizer import EOS_ID, PAD_ID, UNK_ID
 from pipeline.decoding.search import search
@@ -47,7 +48,7 @@ class Translator:
     """
 
     def __init__(self, model, source_tokenizer, target_tokenizer, options, batch_size=64,
-                 languages=None):  # fmt: skip
+                 languages=None, strip_spaces=False):  # fmt: skip
         self.model = model
         self.source_tokenizer = source_tokenizer
         self.target_tokenizer = target_tokenizer
@@ -55,6 +56,7 @@ class Translator:
         self.batch_size = batch_size
         # How requests name their languages (`multilingual.RequestLanguages`).
         self.languages = languages or multilingual.RequestLanguages.of({})
+        self.strip_spaces = strip_spaces  # data.strip_translation_spaces
         self._searches = {}  # SearchOptions -> its traced searches, without and with a prefix
 
     @classmethod
@@ -67,7 +69,8 @@ class Translator:
         search = SearchOptions.from_config(config["decode"], **options)
         batch_size = batch_size or config["decode"]["batch_size"]
         languages = multilingual.RequestLanguages.of(multilingual.model_languages(config["data"]))
-        return cls(model, source_tokenizer, target_tokenizer, search, batch_size, languages)
+        return cls(model, source_tokenizer, target_tokenizer, search, batch_size, languages,
+                   config["data"]["strip_translation_spaces"])  # fmt: skip
 
     def _searchers(self, options):
         if options not in self._searches:
@@ -170,5 +173,6 @@ class Translator:
         if options.replace_unknown:
             target_pieces = replace_unknown(ids, target_pieces, source_pieces, attention)
         words = [p for p, token in zip(target_pieces, ids) if token != EOS_ID]
-        text = self.target_tokenizer.processor.decode_pieces(words)
+        text = translation_text(self.target_tokenizer.processor.decode_pieces(words),
+                                self.strip_spaces)  # fmt: skip
         return Hypothesis(text, float(score), target_pieces, source_pieces, attention)

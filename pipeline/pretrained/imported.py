@@ -25,6 +25,8 @@ class Imported:
     # token the target starts with}}: what the family has of these
     languages: dict
     unproducible: list  # source tokens no segmentation gives (said at import)
+    # whether the family's tokenizer strips a translation's edge spaces (`translation_text`)
+    strip_translation_spaces: bool
 
 
 @dataclasses.dataclass
@@ -80,6 +82,7 @@ def work_config(imported):
     data["language_tags"] = imported.languages.get("tags") or None
     data["source_language_tags"] = imported.languages.get("source_tags") or None
     data["target_language_tokens"] = imported.languages.get("target_tokens") or None
+    data["strip_translation_spaces"] = imported.strip_translation_spaces
     return config
 
 

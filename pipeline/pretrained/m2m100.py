@@ -92,10 +92,15 @@ def _added_tokens(checkpoint):
     return found
 
 
+def _is_m2m100(checkpoint):
+    """Whether the checkpoint is M2M100's (its pieces' rows in vocab.json), not NLLB's."""
+    return (checkpoint.directory / "vocab.json").is_file()
+
+
 def table(checkpoint, spm_proto):
     """{token: embedding row} of the checkpoint's vocabulary, language tokens included."""
     added = _added_tokens(checkpoint)
-    if (checkpoint.directory / "vocab.json").is_file():  # M2M100: pieces through vocab.json
+    if _is_m2m100(checkpoint):  # pieces through vocab.json
         rows = checkpoint.json("vocab.json")
         if not all(isinstance(row, int) for row in rows.values()):
             raise UnusableFileError(checkpoint.directory / "vocab.json", "expected {piece: id}")
@@ -147,4 +152,6 @@ def convert(checkpoint):
         search=generate_settings(config, generation),
         languages={"source_tags": tags, "target_tokens": tags},
         unproducible=[],
+        # M2M100Tokenizer's decoding strips a translation's edge spaces, NllbTokenizer's keeps them.
+        strip_translation_spaces=_is_m2m100(checkpoint),
     )

@@ -117,6 +117,7 @@ def convert(checkpoint):
         unproducible=_unproducible(
             {**source_table, **target_table}, (source_spm, target_spm), language_tags
         ),
+        strip_translation_spaces=True,  # MarianTokenizer.decode strips
     )
 
 

@@ -4,9 +4,9 @@
 import * as ort from "onnxruntime-web";
 import { SentencePieceProcessor } from "@sctg/sentencepiece-js";
 import { fetchBytes, fetchFile } from "./node-builtins.mjs";
-import { dropInitializers } from "./onnx-protobuf.mjs";
+import { dropInitializers } from "./shared/onnx-protobuf.mjs";
 import {
-  checkedMetadata, decodedText, hypothesisIds, loadFile, loadProcessor, optionFeeds,
+  alwaysFed, checkedMetadata, decodedText, hypothesisIds, loadFile, loadProcessor, optionFeeds,
   RequestLanguages,
 } from "./shared/exported-model.mjs";
 
@@ -57,9 +57,7 @@ export class Translator {
       throw new Error("this export has no int8 model: export it with export.onnx_int8: true");
     }
     const modelFile = int8 ? metadata.int8_model : metadata.model;
-    // A model whose targets start with their language's token is always given a prefix.
-    const takesPrefix = Object.keys(metadata.languages?.target_tokens ?? {}).length > 0;
-    const fedAlways = [...Object.keys(metadata.defaults), ...(takesPrefix ? ["target_prefix"] : [])];
+    const fedAlways = alwaysFed(metadata);
     let modelBytes;
     // All settled, so that a missing file is reported in this order whatever loads first.
     const loaded = await Promise.allSettled([
@@ -134,8 +132,8 @@ export class Translator {
       hypotheses: [],
     };
     if (sourceIds.length === 0) return result;
-    // Every search option of the model is an input the page must give (see
-    // onnx-protobuf.mjs); a greedy export (export.onnx_search: greedy) has no beam options.
+    // Every search option of the model is an input the page must give (`alwaysFed`); a
+    // greedy export (export.onnx_search: greedy) has no beam options.
     const asked = { beam_size: beamSize, n_best: beamSize, length_penalty: lengthPenalty };
     const feeds = {
       source_ids: new ort.Tensor("int32", Int32Array.from(sourceIds), [1, sourceIds.length]),

@@ -2,10 +2,12 @@
 // of the protocol buffers wire format to do it.
 //
 // Why: the export gives each search option (beam_size, ...) a default as an initializer of
-// the same name, so that a caller may leave it out. ONNX Runtime Web lists only the inputs
-// without one and refuses a feed for any other input, so the page turns the options back
-// into plain inputs and always gives them all (model.json's defaults where it has no control),
-// and the target prefix too for a model whose targets start with their language's token.
+// the same name, so that a caller may leave it out. ONNX Runtime's JavaScript packages list
+// only the inputs without one (onnxruntime-web refuses a feed for any other input,
+// onnxruntime-node ignores it), so the page and Node.js turn the options back into plain
+// inputs and always give them all (model.json's defaults where the user asked nothing), and
+// the target prefix too for a model whose targets start with their language's token
+// (`alwaysFed` in exported-model.mjs).
 
 // Field numbers in onnx.proto.
 const MODEL_GRAPH = 7; // ModelProto.graph
