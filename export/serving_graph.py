@@ -189,10 +189,10 @@ class TranslationGraph(tf.Module):
     """
 
     def __init__(self, model, source_model_proto, target_model_proto, decode, languages=None,
-                 strip_spaces=False):  # fmt: skip
+                 strip_translation_spaces=False):  # fmt: skip
         """`languages`: how requests name their languages (`multilingual.RequestLanguages`),
         whose `inputs` the text signatures take, a language a sentence; None: a bilingual
-        model's, which takes none. `strip_spaces`: `data.strip_translation_spaces`."""
+        model's, which takes none."""
         super().__init__(name="translation")
         # The variables, not the model: see the module docstring.
         self.model_variables = [variable.value for variable in model.variables]
@@ -205,7 +205,7 @@ class TranslationGraph(tf.Module):
         self.target_tokenizer = tf_text.SentencepieceTokenizer(
             target_model_proto, tf.int32, name="target_sentencepiece"
         )
-        self.strip_translation_spaces = strip_spaces
+        self.strip_translation_spaces = strip_translation_spaces
         self.max_source_length = max_source_length = decode["max_source_length"]
         self.defaults = defaults = exported_defaults(decode)
         configured = SearchOptions.from_config(decode)

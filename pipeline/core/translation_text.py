@@ -8,7 +8,7 @@ examples in examples/shared/exported-model.mjs). Free of TensorFlow: the ONNX ru
 EDGE_SPACES = "^ +| +$"  # the spaces stripped, as a regular expression (RE2 and JavaScript)
 
 
-def translation_text(decoded, strip_spaces):
+def translation_text(decoded, strip_translation_spaces):
     """`decoded` (SentencePiece's decoding of a hypothesis) as a translation: without spaces at
-    either end where `strip_spaces` (`data.strip_translation_spaces`)."""
-    return decoded.strip(" ") if strip_spaces else decoded
+    either end where `strip_translation_spaces` (`data.strip_translation_spaces`)."""
+    return decoded.strip(" ") if strip_translation_spaces else decoded

@@ -48,7 +48,7 @@ class Translator:
     """
 
     def __init__(self, model, source_tokenizer, target_tokenizer, options, batch_size=64,
-                 languages=None, strip_spaces=False):  # fmt: skip
+                 languages=None, strip_translation_spaces=False):  # fmt: skip
         self.model = model
         self.source_tokenizer = source_tokenizer
         self.target_tokenizer = target_tokenizer
@@ -56,7 +56,7 @@ class Translator:
         self.batch_size = batch_size
         # How requests name their languages (`multilingual.RequestLanguages`).
         self.languages = languages or multilingual.RequestLanguages.of({})
-        self.strip_spaces = strip_spaces  # data.strip_translation_spaces
+        self.strip_translation_spaces = strip_translation_spaces
         self._searches = {}  # SearchOptions -> its traced searches, without and with a prefix
 
     @classmethod
@@ -174,5 +174,5 @@ class Translator:
             target_pieces = replace_unknown(ids, target_pieces, source_pieces, attention)
         words = [p for p, token in zip(target_pieces, ids) if token != EOS_ID]
         text = translation_text(self.target_tokenizer.processor.decode_pieces(words),
-                                self.strip_spaces)  # fmt: skip
+                                self.strip_translation_spaces)  # fmt: skip
         return Hypothesis(text, float(score), target_pieces, source_pieces, attention)

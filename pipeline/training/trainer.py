@@ -373,6 +373,7 @@ class TrainingRun:
         self.translator = Translator(
             self.float32_model, *self.tokenizers, SearchOptions.from_config(decode),
             decode["batch_size"],
+            strip_translation_spaces=self.config["data"]["strip_translation_spaces"],
         )  # fmt: skip
         self.stream = TrainingStream(self.config, self.training_corpora, self.segmenters,
                                      self.strategy, self.state.positions, self.log,
