@@ -29,7 +29,6 @@ import numpy as np
 import sentencepiece
 
 from layers.keras_internals import encoder_sublayers
-from layers.transformer import NEVER
 from pipeline.core.errors import UserError
 from pipeline.data.tokenizer import BOS_ID, EOS_ID, UNK_ID
 
@@ -134,12 +133,14 @@ def transformer_spec(model, source_tokens, target_tokens):
         model.num_heads,
         pre_norm=model.normalize_first,
         activation=ACTIVATIONS[activation],
+        layernorm_embedding=model.embedding_norm,
     )
     decoder_spec = ct2_transformer.TransformerDecoderSpec(
         model.num_decoder_layers,
         model.decoder_num_heads,
         pre_norm=model.normalize_first,
         activation=ACTIVATIONS[activation],
+        layernorm_embedding=model.embedding_norm,
         # The alignments of our search: the last layer's cross-attention, averaged over heads.
         alignment_layer=-1,
         alignment_heads=0,
@@ -163,6 +164,9 @@ def transformer_spec(model, source_tokens, target_tokens):
     rows = model.max_positions if model.positions != "sinusoidal" else SINUSOIDAL_POSITIONS
     _set_position_table(encoder.position_encodings, model.source_positions, rows, model.model_dim)
     _set_position_table(decoder.position_encodings, model.target_positions, rows, model.model_dim)
+    if model.embedding_norm:
+        _set_layer_norm(encoder.layernorm_embedding, model.source_embedding_norm)
+        _set_layer_norm(decoder.layernorm_embedding, model.target_embedding_norm)
     for layer_spec, layer in zip(encoder.layer, model.encoder_layers):
         _set_encoder_layer(layer_spec, layer)
     for layer_spec, layer in zip(decoder.layer, model.decoder_layers):
@@ -175,13 +179,9 @@ def transformer_spec(model, source_tokens, target_tokens):
         if model.tie_embeddings
         else _numpy(model.target_embedding.reverse_embeddings).T
     )
-    if model.output_bias is not None or model.suppressed_ids:
-        # The suppressed ids' logits as our decoding steps have them: never chosen, no mass.
-        bias = np.zeros(model.target_vocab_size, np.float32)
-        if model.output_bias is not None:
-            bias += _numpy(model.output_bias)
-        bias[list(model.suppressed_ids)] = NEVER
-        decoder.projection.bias = bias
+    bias = model.logit_bias()  # the suppressed ids' too: never chosen, no mass
+    if bias is not None:
+        decoder.projection.bias = _numpy(bias)
     return spec
 
 

@@ -23,14 +23,21 @@ from export.signature import METADATA_FILE
 from pipeline.config import (
     DEFAULT_EXPORT_FORMATS,
     check_formats_fit_model,
+    load_config,
     parse_export_formats,
 )
 from pipeline.core import library_output, multilingual
 from pipeline.core.atomic_files import writing
 from pipeline.core.errors import UserError
 from pipeline.data.tokenizer import vocabulary_paths
+from pipeline.model_types import MODEL_TYPES
 from pipeline.model_types.builder import at_precision
-from pipeline.workdir import exclusive_writer, load_ensemble, write_directory_atomically
+from pipeline.workdir import (
+    CONFIG_FILE,
+    exclusive_writer,
+    load_ensemble,
+    write_directory_atomically,
+)
 
 EXPORT_LOG = "export.log"  # what the converters write to stderr, beside the exports
 
@@ -71,14 +78,21 @@ def export_saved_model(graph, output, model_name, version, log=print, precision=
     return target
 
 
-def model_description(workdirs, model, model_type):
-    """model.json's `description`: what a runtime may show of the model it loaded."""
-    names = [Path(workdir).resolve().name for workdir in workdirs]
-    return {
-        "name": names[0] if len(names) == 1 else f"ensemble of {', '.join(names)}",
-        "type": model_type,
-        "parameters": sum(member.count_params() for member in getattr(model, "members", [model])),
-    }
+def model_description(workdirs, model):
+    """model.json's `description`: what a runtime may show of the model it loaded, with its
+    type and properties (`ModelType.properties`: the constructor arguments, by the config's
+    names), or an ensemble's members' each."""
+    members = []
+    for workdir in map(Path, workdirs):
+        config = load_config(workdir / CONFIG_FILE, saved=True)
+        model_type = MODEL_TYPES[config["model"]["type"]]
+        members.append({"name": workdir.resolve().name, "type": model_type.name,
+                        "properties": model_type.properties(config)})  # fmt: skip
+    parameters = sum(member.count_params() for member in getattr(model, "members", [model]))
+    if len(members) == 1:
+        return {**members[0], "parameters": parameters}
+    return {"name": f"ensemble of {', '.join(m['name'] for m in members)}",
+            "type": members[0]["type"], "parameters": parameters, "members": members}  # fmt: skip
 
 
 def export_onnx(graph, workdir, output, opset, int8=True, log=print, languages=None,
@@ -175,7 +189,7 @@ def export_model(
                     translation_graph(model), workdir, output, settings["onnx_opset"],
                     settings["onnx_int8"], log,
                     multilingual.model_languages(config["data"]),
-                    model_description([workdir, *ensemble], model, config["model"]["type"]),
+                    model_description([workdir, *ensemble], model),
                     onnx_search or settings["onnx_search"],
                 )  # fmt: skip
             if "ctranslate2" in formats:

@@ -10,15 +10,21 @@ from keras import ops
 
 from layers.encoder_decoder_model import EncoderDecoderModel
 from layers.masking import sequence_mask
+from layers.recorded_arguments import records_arguments
 from layers.sixteen_bit_dropout import SixteenBitDropout
 from layers.special_tokens import BOS_ID, EOS_ID, PAD_ID
 from layers.split_sine_positions import SplitSinePositions
 from layers.transformer_decoder_layer import TransformerDecoderLayer
 from layers.transformer_encoder_layer import TransformerEncoderLayer
 
-# positions -> the `SplitSinePositions` layout of the fixed tables with the sines first.
-SPLIT_SINE_LAYOUTS = {"sinusoidal_halves": "marian", "sinusoidal_fairseq": "fairseq"}
-POSITIONS = ("sinusoidal", "learned", *SPLIT_SINE_LAYOUTS)
+# positions -> its layer, made with (max_positions, name).
+POSITION_LAYERS = {
+    "sinusoidal": lambda length, name: keras_hub.layers.SinePositionEncoding(name=name),
+    "learned": lambda length, name: keras_hub.layers.PositionEmbedding(length, name=name),
+    # The same sinusoids with the sines first: Marian's, and fairseq's (M2M100's).
+    "sinusoidal_halves": lambda length, name: SplitSinePositions(length, "marian", name=name),
+    "sinusoidal_fairseq": lambda length, name: SplitSinePositions(length, "fairseq", name=name),
+}
 NEVER = -1e9  # the logit of a suppressed token: finite, so that sums of scores stay numbers
 
 
@@ -34,50 +40,24 @@ class Transformer(EncoderDecoderModel):
     the decoding contract: see `EncoderDecoderModel`; the attention weights it returns are the
     last decoder layer's cross-attention, averaged over heads.
 
-    Options that pretrained checkpoints need (`pipeline.pretrained`): the feed-forward
-    activation, Marian's position layout, an output bias, `</s>` appended to every source,
-    unscaled embeddings, a decoder with its own heads and feed-forward size, and target ids
-    the model never outputs (rows of an imported vocabulary that no checkpoint token owns).
-
-    Args:
-        source_vocab_size, target_vocab_size: vocabulary sizes.
-        model_dim: size of the embeddings and of every layer's output.
-        num_heads: attention heads (model_dim must be divisible by it).
-        intermediate_dim: hidden size of the feed-forward networks.
-        encoder_layers, decoder_layers: stack depths.
-        dropout: dropout rate on the embeddings and after each sublayer.
-        attention_dropout: rate on the self-attention weights (None: `dropout`).
-        ffn_dropout: rate on the decoder's feed-forward hidden activations (None:
-            `dropout`; keras-hub's encoder layers drop none there).
-        positions: "sinusoidal" (keras-hub's interleaved sines and cosines), "learned",
-            "sinusoidal_halves" (the same sinusoids, sines first, as Marian's) or
-            "sinusoidal_fairseq" (fairseq's and M2M100's: `SplitSinePositions`).
-        max_positions: the longest sequence positions other than "sinusoidal" cover.
-        tie_embeddings: the output projection is the transposed target embedding
-            (keras-hub's `ReversibleEmbedding`).
-        normalize_first: pre-norm layers (with a final normalisation of each stack).
-        share_embeddings: one embedding matrix for both sides (which must then share one
-            vocabulary), and with `tie_embeddings` for the output projection too.
-        activation: the feed-forward networks' activation (a Keras activation name).
-        output_bias: a learned bias on the output logits (Marian's `final_logits_bias`).
-        source_eos: `encode` appends `</s>` to every source, after its last token.
-        target_language_first: the first target token names the target language (M2M100's
-            and NLLB's): see `EncoderDecoderModel`.
-        scale_embeddings: embeddings are multiplied by sqrt(model_dim) (False: as they are).
-        decoder_num_heads, decoder_intermediate_dim: the decoder's own (None: the encoder's).
-        suppressed_ids: target ids whose logit is `NEVER` (at every decoding step and in
-            training), so that search never outputs them and no softmax counts them; label
-            smoothing spreads over the other ids.
-        label_smoothing, pad_id, bos_id, eos_id: see `EncoderDecoderModel`.
+    The model properties (`model_dim` ... `suppressed_ids`) are the `model` keys of a
+    Transformer configuration, by the same names and with the meanings of
+    docs/configuration.md, where `pipeline.model_types.transformer` declares them; the builder
+    passes them here by name and `get_config` returns every constructor argument
+    (`records_arguments`). `target_language_first`, `label_smoothing`, `pad_id`, `bos_id` and
+    `eos_id`: see `EncoderDecoderModel`. A suppressed id's logit is `NEVER` at every decoding
+    step and in training, so that search never outputs it and no softmax counts it; label
+    smoothing spreads over the other ids. `positions` takes the keys of `POSITION_LAYERS`.
     """
 
+    @records_arguments
     def __init__(
         self,
         source_vocab_size,
         target_vocab_size,
         model_dim=512,
         num_heads=8,
-        intermediate_dim=2048,
+        ffn_dim=2048,
         encoder_layers=6,
         decoder_layers=6,
         dropout=0.1,
@@ -94,8 +74,9 @@ class Transformer(EncoderDecoderModel):
         target_language_first=False,
         scale_embeddings=True,
         decoder_num_heads=None,
-        decoder_intermediate_dim=None,
+        decoder_ffn_dim=None,
         suppressed_ids=(),
+        embedding_norm=False,
         label_smoothing=0.0,
         pad_id=PAD_ID,
         bos_id=BOS_ID,
@@ -103,13 +84,14 @@ class Transformer(EncoderDecoderModel):
         **kwargs,
     ):
         super().__init__(label_smoothing, pad_id, bos_id, eos_id, target_language_first, **kwargs)
-        if positions not in POSITIONS:
-            raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
+        if positions not in POSITION_LAYERS:
+            raise ValueError(f"positions must be one of {tuple(POSITION_LAYERS)}, got "
+                             f"{positions!r}")  # fmt: skip
         self._source_vocab_size = int(source_vocab_size)
         self._target_vocab_size = int(target_vocab_size)
         self.model_dim = int(model_dim)
         self.num_heads = int(num_heads)
-        self.intermediate_dim = int(intermediate_dim)
+        self.ffn_dim = int(ffn_dim)
         self.num_encoder_layers = int(encoder_layers)
         self.num_decoder_layers = int(decoder_layers)
         self.dropout_rate = float(dropout)
@@ -127,8 +109,9 @@ class Transformer(EncoderDecoderModel):
         self.source_eos = bool(source_eos)
         self.scale_embeddings = bool(scale_embeddings)
         self.decoder_num_heads = int(decoder_num_heads or num_heads)
-        self.decoder_intermediate_dim = int(decoder_intermediate_dim or intermediate_dim)
+        self.decoder_ffn_dim = int(decoder_ffn_dim or ffn_dim)
         self.suppressed_ids = tuple(int(i) for i in suppressed_ids)
+        self.embedding_norm = bool(embedding_norm)
         if self.share_embeddings and self._source_vocab_size != self._target_vocab_size:
             raise ValueError(
                 "share_embeddings needs one vocabulary for both sides, got "
@@ -149,8 +132,16 @@ class Transformer(EncoderDecoderModel):
                 name="source_embedding",
             )
         )  # fmt: skip
-        self.source_positions = self._position_layer("source_positions")
-        self.target_positions = self._position_layer("target_positions")
+        self.source_positions, self.target_positions = (
+            POSITION_LAYERS[positions](self.max_positions, f"{side}_positions")
+            for side in ("source", "target")
+        )
+        self.source_embedding_norm = self.target_embedding_norm = None
+        if self.embedding_norm:
+            self.source_embedding_norm, self.target_embedding_norm = (
+                keras.layers.LayerNormalization(epsilon=1e-5, name=f"{side}_embedding_norm")
+                for side in ("source", "target")
+            )
         self.dropout = SixteenBitDropout(self.dropout_rate)
         self._create_stacks()
 
@@ -158,7 +149,7 @@ class Transformer(EncoderDecoderModel):
         """The encoder and decoder layers, and a pre-norm stack's final normalisations."""
         self.encoder_layers = [
             TransformerEncoderLayer(
-                self.intermediate_dim,
+                self.ffn_dim,
                 self.num_heads,
                 attention_dropout=self.attention_dropout_rate,
                 dropout=self.dropout_rate,
@@ -170,7 +161,7 @@ class Transformer(EncoderDecoderModel):
         ]
         self.decoder_layers = [
             TransformerDecoderLayer(
-                self.decoder_intermediate_dim,
+                self.decoder_ffn_dim,
                 self.decoder_num_heads,
                 dropout=self.dropout_rate,
                 attention_dropout=self.attention_dropout_rate,
@@ -187,14 +178,6 @@ class Transformer(EncoderDecoderModel):
             self.encoder_norm = keras.layers.LayerNormalization(epsilon=1e-5, name="encoder_norm")
             self.decoder_norm = keras.layers.LayerNormalization(epsilon=1e-5, name="decoder_norm")
 
-    def _position_layer(self, name):
-        if self.positions == "sinusoidal":
-            return keras_hub.layers.SinePositionEncoding(name=name)
-        if self.positions in SPLIT_SINE_LAYOUTS:
-            layout = SPLIT_SINE_LAYOUTS[self.positions]
-            return SplitSinePositions(self.max_positions, layout=layout, name=name)
-        return keras_hub.layers.PositionEmbedding(self.max_positions, name=name)
-
     def build(self, input_shape):
         sequence = (None, None, self.model_dim)
         for embedding in {
@@ -203,6 +186,9 @@ class Transformer(EncoderDecoderModel):
             embedding.build((None, None))
         for layer in (self.source_positions, self.target_positions):
             layer.build(sequence)
+        if self.embedding_norm:
+            self.source_embedding_norm.build(sequence)
+            self.target_embedding_norm.build(sequence)
         for layer in self.encoder_layers:
             layer.build(sequence)
         for layer in self.decoder_layers:
@@ -230,11 +216,13 @@ class Transformer(EncoderDecoderModel):
     def target_vocab_size(self):
         return self._target_vocab_size
 
-    def _embed(self, embedding, positions, token_ids, start_index=0, training=False):
+    def _embed(self, embedding, positions, norm, token_ids, start_index=0, training=False):
         x = embedding(token_ids)
         if self.scale_embeddings:
             x = x * ops.cast(math.sqrt(self.model_dim), self.compute_dtype)
         x = x + ops.cast(positions(x, start_index=start_index), x.dtype)
+        if norm is not None:
+            x = norm(x)
         return self.dropout(x, training=training)
 
     def _final_norm(self, norm, x):
@@ -318,7 +306,8 @@ class Transformer(EncoderDecoderModel):
         if self.source_eos:
             source_ids = self._with_source_eos(source_ids)
         memory_mask = sequence_mask(source_ids, self.pad_id)
-        x = self._embed(self.source_embedding, self.source_positions, source_ids, 0, training)
+        x = self._embed(self.source_embedding, self.source_positions, self.source_embedding_norm,
+                        source_ids, 0, training)  # fmt: skip
         for layer in self.encoder_layers:
             x = layer(x, padding_mask=memory_mask, training=training)
         memory = self._final_norm(self.encoder_norm, x)
@@ -340,9 +329,8 @@ class Transformer(EncoderDecoderModel):
     def decode_step(self, token_ids, state, encoded, step):
         """logits `[batch * k, vocab]`, the state with this position's keys and values cached,
         and the last layer's cross-attention weights `[batch * k, src_len]`."""
-        x = self._embed(
-            self.target_embedding, self.target_positions, token_ids[:, None], start_index=step
-        )[:, 0]
+        x = self._embed(self.target_embedding, self.target_positions, self.target_embedding_norm,
+                        token_ids[:, None], start_index=step)[:, 0]  # fmt: skip
         caches = []
         for layer, cache, memory_cache in zip(
             self.decoder_layers, state["self_attention"], encoded["memory_cache"]
@@ -359,9 +347,8 @@ class Transformer(EncoderDecoderModel):
         """What the output projection takes, `[batch, tgt_len, model_dim]`, and the last
         layer's cross-attention weights `[batch, tgt_len, src_len]`."""
         encoded = self.encode(inputs["source_ids"], training=training)
-        x = self._embed(
-            self.target_embedding, self.target_positions, inputs["target_input_ids"], 0, training
-        )
+        x = self._embed(self.target_embedding, self.target_positions, self.target_embedding_norm,
+                        inputs["target_input_ids"], 0, training)  # fmt: skip
         for layer, memory_cache in zip(self.decoder_layers, encoded["memory_cache"]):
             x, weights = layer(x, memory_cache, encoded["memory_mask"], training=training)
         weights = self._source_weights(weights, encoded["memory_mask"])
@@ -384,30 +371,10 @@ class Transformer(EncoderDecoderModel):
         return self.forward(inputs, training=training)[0]
 
     def get_config(self):
-        config = super().get_config()
-        config.update(
-            source_vocab_size=self._source_vocab_size,
-            target_vocab_size=self._target_vocab_size,
-            model_dim=self.model_dim,
-            num_heads=self.num_heads,
-            intermediate_dim=self.intermediate_dim,
-            encoder_layers=self.num_encoder_layers,
-            decoder_layers=self.num_decoder_layers,
-            dropout=self.dropout_rate,
-            attention_dropout=self.attention_dropout_rate,
-            ffn_dropout=self.ffn_dropout_rate,
-            positions=self.positions,
-            max_positions=self.max_positions,
-            tie_embeddings=self.tie_embeddings,
-            normalize_first=self.normalize_first,
-            share_embeddings=self.share_embeddings,
-            activation=self.activation,
-            output_bias=self.use_output_bias,
-            source_eos=self.source_eos,
-            target_language_first=self.target_language_first,
-            scale_embeddings=self.scale_embeddings,
-            decoder_num_heads=self.decoder_num_heads,
-            decoder_intermediate_dim=self.decoder_intermediate_dim,
-            suppressed_ids=list(self.suppressed_ids),
-        )
-        return config
+        return {**super().get_config(), **self.recorded_arguments}
+
+    @classmethod
+    def from_config(cls, config):
+        # The names that model.keras files of earlier releases hold.
+        renamed = {"intermediate_dim": "ffn_dim", "decoder_intermediate_dim": "decoder_ffn_dim"}
+        return cls(**{renamed.get(key, key): value for key, value in config.items()})

@@ -131,8 +131,8 @@ SCHEMA = {
                                       "language code: the token before a source in it}",
                                       nullable=True),
         "target_language_tokens": Field(dict, None, "{target language code: the token a "
-                                        "target starts with} of a model with "
-                                        "model.target_language_first", nullable=True),
+                                        "target starts with}: of a Transformer whose first "
+                                        "target token names the language", nullable=True),
         "strip_translation_spaces": Field(bool, False, "no spaces at either end of a "
                                           "translation, as Marian's and M2M100's tokenizers "
                                           "decode (false: SentencePiece's text)"),
@@ -364,7 +364,13 @@ def _merge(config, overrides, where, base_dir, fields):
             config[section][key] = value
 
 
+# Model keys of earlier releases: {key: what states it now}.
+REMOVED_MODEL_KEYS = {"target_language_first": "data.target_language_tokens states it"}
+
+
 def _refuse_other_types_key(key, model_type, where):
+    if key in REMOVED_MODEL_KEYS:
+        raise UserError(f"{where}: model.{key} is no longer a key: {REMOVED_MODEL_KEYS[key]}")
     owners = [name for name, other in MODEL_TYPES.items() if key in other.keys]
     if owners:
         raise UserError(
@@ -382,14 +388,16 @@ def _model_type(layer, where, default):
 
 
 def _without_other_types_keys(layer, model_type):
-    """`layer` less the model keys that only other model types have. They are dropped where
-    `--set model.type` changes the file's type, and from the configurations that releases
-    before per-type keys saved in work directories, which held every type's keys."""
+    """`layer` less the model keys that only other model types have, and those of
+    `REMOVED_MODEL_KEYS`. They are dropped where `--set model.type` changes the file's type,
+    and from the configurations that earlier releases saved in work directories (before
+    per-type keys, they held every type's keys)."""
     model = layer.get("model") if isinstance(layer, dict) else None
     if not isinstance(model, dict):
         return layer
     own = model_keys(model_type)
     foreign = {key for other in MODEL_TYPES.values() for key in other.keys} - set(own)
+    foreign |= set(REMOVED_MODEL_KEYS)
     return {**layer, "model": {k: v for k, v in model.items() if k not in foreign}}
 
 
@@ -471,9 +479,6 @@ def _check_consistency(config, where, saved=False):
                    for k, v in tags.items()):  # fmt: skip
             raise UserError(f"{where}: data.{key} must map language codes to tokens, got "
                             f"{tags!r}")  # fmt: skip
-    if bool(data["target_language_tokens"]) != bool(config["model"].get("target_language_first")):
-        raise UserError(f"{where}: data.target_language_tokens and "
-                        "model.target_language_first go together")  # fmt: skip
     if data["multiway_train"]:
         _check_multiway_consistency(data, where)
         return _check_training_settings(config, where, saved)

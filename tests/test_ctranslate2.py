@@ -33,7 +33,7 @@ MAX_LENGTH = 20
 def random_transformer(**overrides):
     """A tiny Transformer with every weight moved off its initial value, so that biases, gains
     and shifts (zeros and ones at first) are checked too."""
-    options = dict(model_dim=16, num_heads=2, intermediate_dim=32, encoder_layers=2,
+    options = dict(model_dim=16, num_heads=2, ffn_dim=32, encoder_layers=2,
                    decoder_layers=2, dropout=0.0)  # fmt: skip
     model = layers.Transformer(VOCAB, VOCAB, **{**options, **overrides})
     model.build({"source_ids": (None, None), "target_input_ids": (None, None)})
@@ -80,7 +80,8 @@ def translate_both(model, translator, source_ids, source_tokens, target_tokens, 
     [
         {},
         {"normalize_first": False},
-        {"positions": "learned", "max_positions": 32, "tie_embeddings": False},
+        {"positions": "learned", "max_positions": 32, "tie_embeddings": False,
+         "embedding_norm": True},
         {"share_embeddings": True, "encoder_layers": 1},
     ],
 )

@@ -99,6 +99,8 @@ def test_the_ensembles_model_json_names_its_members_and_counts_their_parameters(
     assert description["name"] == f"ensemble of {members[0].name}, {members[1].name}"
     counts = [load_trained(member)[1].count_params() for member in members]
     assert description["parameters"] == sum(counts)
+    assert [m["name"] for m in description["members"]] == [m.name for m in members]
+    assert [m["properties"]["cell_type"] for m in description["members"]] == ["gru", "lstm"]
 
 
 def test_the_commands_take_several_work_directories(members, tmp_path, capsys):

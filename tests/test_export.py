@@ -37,6 +37,7 @@ from pipeline.core.errors import UnusableFileError, UserError
 from pipeline.data.tokenizer import EOS_ID, PAD_ID
 from pipeline.decoding.search import beam_search, decode_length_limits, greedy_search
 from pipeline.decoding.translation import SearchOptions, Translator
+from pipeline.model_types import MODEL_TYPES
 from pipeline.workdir import load_trained
 
 MODEL_NAME = "translator"
@@ -99,9 +100,11 @@ def test_training_exports_both_formats_in_place(out, saved_model_dir):
     metadata = json.loads((out / "onnx" / "model.json").read_text())
     assert (metadata["model"], metadata["int8_model"]) == ("model.onnx", "model.int8.onnx")
     assert metadata["special_ids"] == {"pad": 0, "unk": 1, "bos": 2, "eos": 3}
-    parameters = load_trained(out.parent)[1].count_params()
-    assert metadata["description"] == {"name": out.parent.name, "type": "rnn",
-                                       "parameters": parameters}  # fmt: skip
+    config, model, _, _ = load_trained(out.parent)
+    assert metadata["description"] == {
+        "name": out.parent.name, "type": "rnn", "parameters": model.count_params(),
+        "properties": MODEL_TYPES["rnn"].properties(config),
+    }  # fmt: skip
     assert metadata["defaults"] == {
         "beam_size": 5, "n_best": 1, "length_penalty": 0.6, "max_length": 0,
         "no_repeat_ngram_size": 0,

@@ -304,7 +304,7 @@ def recurrent_model_with_convolutional_encoder():
 
 def transformer(**options):
     return lambda: built(
-        layers.Transformer(VOCAB, VOCAB, model_dim=8, num_heads=2, intermediate_dim=16,
+        layers.Transformer(VOCAB, VOCAB, model_dim=8, num_heads=2, ffn_dim=16,
                            encoder_layers=1, decoder_layers=1, dropout=0.0, **options)
     )  # fmt: skip
 
@@ -465,7 +465,7 @@ CASES = [
             source_eos=True,
             scale_embeddings=False,
             decoder_num_heads=4,
-            decoder_intermediate_dim=12,
+            decoder_ffn_dim=12,
             suppressed_ids=[0, 2],
         ),  # fmt: skip
     ),

@@ -8,6 +8,7 @@ from pipeline.config import PROJECT_ROOT, defaults, load_config
 from pipeline.core.errors import UserError
 from pipeline.core.fields import positive_int
 from pipeline.model_types import COMMON_KEYS, MODEL_TYPES, ModelType
+from pipeline.model_types.builder import build_model
 
 CONFIGS = PROJECT_ROOT / "configs"
 OLD_SAVED_CONFIG = PROJECT_ROOT / "tests" / "fixtures" / "config_with_every_model_key.yaml"
@@ -76,7 +77,7 @@ def test_each_types_model_implements_the_decoding_contract(name):
     import layers
 
     config = load_config(CONFIGS / "smoke.yaml", [f"model.type={name}"])
-    model = MODEL_TYPES[name].build(config, 20, 30, for_training=False)
+    model = build_model(config, 20, 30)
     assert isinstance(model, layers.EncoderDecoderModel)
     for method in ("encode", "initial_decoder_state", "decode_step"):
         assert getattr(type(model), method) is not getattr(layers.EncoderDecoderModel, method)
@@ -88,7 +89,7 @@ def test_a_recurrent_models_transformer_encoder_is_configured_and_checked():
 
     settings = ["model.encoder_type=transformer", "model.encoder_heads=4"]
     config = load_config(CONFIGS / "smoke.yaml", settings + ["model.encoder_layers=2"])
-    model = MODEL_TYPES["rnn"].build(config, 20, 30, for_training=False)
+    model = build_model(config, 20, 30)
     assert isinstance(model.encoder, layers.SelfAttentionEncoder)
     assert (model.encoder.num_layers, model.encoder.num_heads) == (2, 4)
     assert model.encoder.output_dim == config["model"]["embedding_dim"]
@@ -106,7 +107,7 @@ def test_a_recurrent_models_convolutional_encoder_is_configured_and_checked():
 
     settings = ["model.encoder_type=convolutional", "model.encoder_kernel_size=5"]
     config = load_config(CONFIGS / "smoke.yaml", settings + ["model.encoder_layers=3"])
-    model = MODEL_TYPES["rnn"].build(config, 20, 30, for_training=False)
+    model = build_model(config, 20, 30)
     assert isinstance(model.encoder, layers.ConvolutionalEncoder)
     assert (model.encoder.num_layers, model.encoder.kernel_size) == (3, 5)
     assert model.encoder.output_dim == config["model"]["embedding_dim"]

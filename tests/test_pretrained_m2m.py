@@ -153,9 +153,10 @@ def test_beams_cut_at_max_length_rank_with_the_ended_ones_as_generate_ranks_them
 
 
 def test_the_languages_are_the_checkpoints_codes(imported):
-    config, _, _, _ = load_trained(imported["nllb"])
+    config, model, _, _ = load_trained(imported["nllb"])
     assert config["data"]["source_language_tags"]["deu_Latn"] == "deu_Latn"
-    assert config["model"]["target_language_first"]
+    assert config["data"]["target_language_tokens"]["fra_Latn"] == "fra_Latn"
+    assert model.target_language_first
     with pytest.raises(ValueError, match="source_language: unknown language 'xx_Latn'"):
         translator(imported["nllb"]).requests(["Ein Hund."], "fra_Latn", "xx_Latn")
     with pytest.raises(ValueError, match="give target_language"):

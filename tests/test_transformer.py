@@ -31,7 +31,7 @@ DIM = 16
 
 
 def make_transformer(**overrides):
-    options = dict(model_dim=DIM, num_heads=2, intermediate_dim=32, encoder_layers=2,
+    options = dict(model_dim=DIM, num_heads=2, ffn_dim=32, encoder_layers=2,
                    decoder_layers=2, dropout=0.0)  # fmt: skip
     options.update(overrides)
     model = layers.Transformer(VOCAB, VOCAB, **options)
@@ -58,7 +58,8 @@ def test_causal_self_attention_reads_the_present_and_caches_only_the_positions_s
     "overrides",
     [
         {},
-        {"positions": "learned", "max_positions": 16, "tie_embeddings": False},
+        {"positions": "learned", "max_positions": 16, "tie_embeddings": False,
+         "embedding_norm": True},
         {"normalize_first": False},
     ],
 )
@@ -77,6 +78,20 @@ def test_incremental_decoding_gives_the_full_pass_logits(rng, overrides):
         np.testing.assert_allclose(step_weights, weights[:, t], atol=1e-5)
     padding = x["source_ids"] == 0
     assert np.all(np.asarray(weights)[np.broadcast_to(padding[:, None], weights.shape)] == 0)
+
+
+def test_embedding_norm_normalises_each_positions_embedding_on_both_sides(rng):
+    ids = rng.integers(4, VOCAB, size=(3, 7))
+    normed, plain = make_transformer(embedding_norm=True), make_transformer()
+    for side in ("source", "target"):
+        parts = [getattr(normed, f"{side}_{part}") for part in ("embedding", "positions",
+                                                                 "embedding_norm")]  # fmt: skip
+        x = np.asarray(normed._embed(*parts, ids))
+        np.testing.assert_allclose(x.mean(-1), 0, atol=1e-5)
+        np.testing.assert_allclose(x.std(-1), 1, atol=1e-2)  # gain 1 and shift 0 at first
+    assert plain.source_embedding_norm is None
+    y = np.asarray(plain._embed(plain.source_embedding, plain.source_positions, None, ids))
+    assert np.abs(y.std(-1) - 1).max() > 0.05
 
 
 @pytest.mark.parametrize(
@@ -128,7 +143,7 @@ def test_a_sentence_does_not_depend_on_its_batch(rng):
 def test_learns_to_reverse_sequences_and_searches_find_it(rng):
     x, y = reversal_data(rng, 3000, VOCAB)
     x_test, y_test = reversal_data(rng, 200, VOCAB)
-    model = make_transformer(model_dim=32, num_heads=4, intermediate_dim=64)
+    model = make_transformer(model_dim=32, num_heads=4, ffn_dim=64)
     model.compile(optimizer=keras.optimizers.Adam(3e-3))
     # 8 epochs reached 0.942 on an AVX2-only CPU (enough on the earlier AVX-512 VMs).
     model.fit(x, y, batch_size=64, epochs=10, verbose=0)

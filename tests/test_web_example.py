@@ -112,7 +112,8 @@ def test_the_page_translates_like_the_python_runtime(tools, exported_workdir, tm
     assert shown[-1]["languages"] == "German → English"  # smoke.yaml trains on val.de/val.en
     assert screenshot.read_bytes().startswith(b"\x89PNG")
     size = (onnx_dir / "model.onnx").stat().st_size / 1e6
-    name, kind, parameters = translator.metadata["description"].values()
+    name, kind, parameters = (translator.metadata["description"][key]
+                              for key in ("name", "type", "parameters"))  # fmt: skip
     assert shown[-1]["status"].startswith(
         f"{name} ({kind}, {parameters / 1e6:.1f}M parameters) · model.onnx, {size:.1f} MB "
         "(opset 17), loaded in "

@@ -142,6 +142,11 @@ def model_section():
     parts = [f"## model\n\n{NOTES['model']}", f"### Every model type\n\n{table(shared)}"]
     for name, model_type in MODEL_TYPES.items():
         parts.append(f"### `type: {name}`\n\n{table(model_type.keys)}")
+        if model_type.derived:
+            entries = "\n".join(f"- `{key}`: {markdown_text(derived.meaning)}"
+                                 for key, derived in model_type.derived.items())  # fmt: skip
+            parts.append("Properties of the model that other keys state (in model.json's "
+                         f"`description.properties` with the keys above):\n\n{entries}")
     return "\n\n".join(parts)
 
 

@@ -57,7 +57,8 @@ def build_model(
     """
     model_type = MODEL_TYPES[config["model"]["type"]]
     with dtype_policy(precision):
-        model = model_type.build(config, source_vocab_size, target_vocab_size, for_training)
+        model = model_type.build(model_type.properties(config), source_vocab_size,
+                                 target_vocab_size, for_training, config["train"])  # fmt: skip
         model.build({"source_ids": (None, None), "target_input_ids": (None, None)})
     return model
 

@@ -183,33 +183,32 @@ def build_encoder(model_config, source_vocab_size):
     )
 
 
-def build(config, source_vocab_size, target_vocab_size, for_training):
+def build(properties, source_vocab_size, target_vocab_size, for_training, train=None):
     import layers
     from pipeline.model_types.training_twins import TrainingRecurrentSeq2Seq
 
-    model_config = config["model"]
-    encoder = build_encoder(model_config, source_vocab_size)
+    encoder = build_encoder(properties, source_vocab_size)
     decoder = layers.AttentionDecoder(
         target_vocab_size,
-        model_config["embedding_dim"],
-        model_config["decoder_units"],
-        num_layers=model_config["decoder_layers"],
-        cell_type=model_config["cell_type"],
-        attention=build_attention(model_config),
-        input_feeding=model_config["input_feeding"],
-        attention_vector_size=model_config["attention_vector_size"],
-        dropout=model_config["dropout"],
-        residual=model_config["residual"],
+        properties["embedding_dim"],
+        properties["decoder_units"],
+        num_layers=properties["decoder_layers"],
+        cell_type=properties["cell_type"],
+        attention=build_attention(properties),
+        input_feeding=properties["input_feeding"],
+        attention_vector_size=properties["attention_vector_size"],
+        dropout=properties["dropout"],
+        residual=properties["residual"],
         name="decoder",
     )
     model_class = TrainingRecurrentSeq2Seq if for_training else layers.RecurrentSeq2Seq
     return model_class(
         encoder,
         decoder,
-        bridge=model_config["bridge"],
-        label_smoothing=config["train"]["label_smoothing"],
-        scheduled_sampling=sampling_schedule(config["train"]),
-        share_embeddings=model_config["share_embeddings"],
+        bridge=properties["bridge"],
+        label_smoothing=train["label_smoothing"] if train else 0.0,
+        scheduled_sampling=sampling_schedule(train) if train else None,
+        share_embeddings=properties["share_embeddings"],
         name="seq2seq",
     )
 
@@ -219,7 +218,7 @@ RECURRENT = ModelType(
     keys=KEYS,
     check=check,
     build=build,
-    attends=lambda model_config: model_config["attention"] != "none",
+    attends=lambda properties: properties["attention"] != "none",
     unfit_formats={"ctranslate2": "CTranslate2 has no recurrent encoder-decoder"},
     bfloat16_without_amx=True,
 )

@@ -2,10 +2,10 @@
 
 from pipeline.core.errors import UserError
 from pipeline.core.fields import Field, positive_int, rate
-from pipeline.model_types.model_type import ModelType
+from pipeline.model_types.model_type import DerivedProperty, ModelType
 
 ACTIVATIONS = ("relu", "gelu", "silu")  # Keras' names; gelu is the exact (erf) one
-# layers.Transformer's POSITIONS, named here so that reading a config loads no Keras.
+# What layers.Transformer's `positions` takes (`Transformer.POSITION_LAYERS`, by a test).
 POSITIONS = ("sinusoidal", "learned", "sinusoidal_halves", "sinusoidal_fairseq")
 
 KEYS = {
@@ -37,10 +37,10 @@ KEYS = {
                               "positions are added"),
     "output_bias": Field(bool, False, "a learned bias on the output logits"),
     "source_eos": Field(bool, False, "</s> appended to every source, in every runtime"),
-    "target_language_first": Field(bool, False, "the first target token names the target "
-                                   "language: forced by the request, scored 0, not output"),
     "suppressed_ids": Field(list, [], "target ids never output nor counted in the search's "
                             "softmax (an imported vocabulary's rows that no token owns)"),
+    "embedding_norm": Field(bool, False, "a layer normalisation of each side's embeddings, "
+                            "positions added, before the first layer (mBART's)"),
 }  # fmt: skip
 
 
@@ -76,45 +76,27 @@ def check(config, where):
             )
 
 
-def build(config, source_vocab_size, target_vocab_size, for_training):
+def build(properties, source_vocab_size, target_vocab_size, for_training, train=None):
     import layers
     from pipeline.model_types.training_twins import TrainingTransformer
 
-    model_config = config["model"]
     model_class = TrainingTransformer if for_training else layers.Transformer
-    return model_class(
-        source_vocab_size,
-        target_vocab_size,
-        model_dim=model_config["model_dim"],
-        num_heads=model_config["num_heads"],
-        intermediate_dim=model_config["ffn_dim"],
-        encoder_layers=model_config["encoder_layers"],
-        decoder_layers=model_config["decoder_layers"],
-        dropout=model_config["dropout"],
-        attention_dropout=model_config["attention_dropout"],
-        ffn_dropout=model_config["ffn_dropout"],
-        positions=model_config["positions"],
-        max_positions=model_config["max_positions"],
-        tie_embeddings=model_config["tie_embeddings"],
-        normalize_first=model_config["normalize_first"],
-        share_embeddings=model_config["share_embeddings"],
-        activation=model_config["activation"],
-        output_bias=model_config["output_bias"],
-        source_eos=model_config["source_eos"],
-        target_language_first=model_config["target_language_first"],
-        scale_embeddings=model_config["scale_embeddings"],
-        decoder_num_heads=model_config["decoder_num_heads"],
-        decoder_intermediate_dim=model_config["decoder_ffn_dim"],
-        suppressed_ids=model_config["suppressed_ids"],
-        label_smoothing=config["train"]["label_smoothing"],
-        name="transformer",
-    )
+    smoothing = train["label_smoothing"] if train else 0.0
+    return model_class(source_vocab_size, target_vocab_size, **properties,
+                       label_smoothing=smoothing, name="transformer")  # fmt: skip
 
+
+TARGET_LANGUAGE_FIRST = DerivedProperty(
+    "the first target token names the target language (data.target_language_tokens): forced by "
+    "the request, scored 0, not output",
+    lambda config: bool(config["data"]["target_language_tokens"]),
+)
 
 TRANSFORMER = ModelType(
     name="transformer",
     keys=KEYS,
     check=check,
     build=build,
-    attends=lambda model_config: True,
+    attends=lambda properties: True,
+    derived={"target_language_first": TARGET_LANGUAGE_FIRST},
 )

@@ -66,7 +66,6 @@ def model_settings(config):
         "tie_embeddings": bool(config.get("tie_word_embeddings", True)),
         "output_bias": False,
         "source_eos": True,
-        "target_language_first": True,
     }
 
 
