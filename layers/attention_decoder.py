@@ -8,6 +8,7 @@ from layers.fused_recurrent import has_default_gates, recurrent_step
 from layers.input_feeding_lstm import input_feeding_lstm_recurrence
 from layers.luong_attention import LuongAttention
 from layers.masking import boolean_mask
+from layers.recorded_arguments import RecordsArguments
 from layers.recurrent_layers import (
     check_cell_type,
     recurrent_layer,
@@ -19,7 +20,7 @@ from layers.sixteen_bit_dropout import SixteenBitDropout, sixteen_bit_dropout
 
 
 @keras.saving.register_keras_serializable(package="seq2seq")
-class AttentionDecoder(keras.layers.Layer):
+class AttentionDecoder(RecordsArguments, keras.layers.Layer):
     """Stacked recurrent decoder with one attention layer over the source (Luong et al., 2015).
 
     At step t, with y_{t-1} the previous target token:
@@ -59,6 +60,8 @@ class AttentionDecoder(keras.layers.Layer):
     training, LSTM layers with a multiplicative Luong score run the loop of
     `input_feeding_lstm_recurrence`, whose gradient is written by hand.
     """
+
+    LAYER_ARGUMENTS = ("attention",)
 
     def __init__(
         self,
@@ -365,21 +368,3 @@ class AttentionDecoder(keras.layers.Layer):
         if self.attention is not None:
             weights = ops.transpose(alignments.stack(), (1, 0, 2))
         return logits, weights
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            vocab_size=self.vocab_size,
-            embedding_dim=self.embedding_dim,
-            units=self.units,
-            num_layers=self.num_layers,
-            cell_type=self.cell_type,
-            attention=(
-                keras.saving.serialize_keras_object(self.attention) if self.attention else None
-            ),
-            input_feeding=self.input_feeding,
-            attention_vector_size=self.attention_vector_size,
-            dropout=self.dropout_rate,
-            residual=self.residual,
-        )
-        return config

@@ -56,8 +56,3 @@ class BahdanauAttention(SourceAttention):
             v = self.g * v / ops.sqrt(ops.sum(ops.square(v)))
             bias = self.b
         return additive_score(query, keys, v, bias)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(units=self.units, normalize=self.normalize)
-        return config

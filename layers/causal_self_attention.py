@@ -6,11 +6,12 @@ import keras
 from keras import ops
 
 from layers.masking import masked_softmax
+from layers.recorded_arguments import RecordsArguments
 from layers.sixteen_bit_dropout import SixteenBitDropout
 
 
 @keras.saving.register_keras_serializable(package="seq2seq")
-class CausalSelfAttention(keras.layers.Layer):
+class CausalSelfAttention(RecordsArguments, keras.layers.Layer):
     """Position t attends to positions 0..t, with `num_heads` scaled dot-product heads.
 
     `call(x)` attends over a whole sequence at once (teacher forcing): `[batch, time, dim]` ->
@@ -99,8 +100,3 @@ class CausalSelfAttention(keras.layers.Layer):
         )
         heads = ops.reshape(heads, (-1, self.num_heads * self.key_dim))
         return self.output_projection(heads), (keys, values)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(num_heads=self.num_heads, key_dim=self.key_dim, dropout=self.dropout_rate)
-        return config

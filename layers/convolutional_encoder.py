@@ -92,8 +92,3 @@ class ConvolutionalEncoder(PositionalEncoder):
             )
             x = (x + values * ops.sigmoid(gates)) * residual_scale * real
         return self.outputs(x, mask)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(num_layers=self.num_layers, kernel_size=self.kernel_size)
-        return config

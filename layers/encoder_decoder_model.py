@@ -3,11 +3,12 @@
 import keras
 from keras import ops
 
+from layers.recorded_arguments import RecordsArguments
 from layers.special_tokens import BOS_ID, EOS_ID, PAD_ID
 from layers.token_losses import Perplexity, TokenAccuracy, token_cross_entropy
 
 
-class EncoderDecoderModel(keras.Model):
+class EncoderDecoderModel(RecordsArguments, keras.Model):
     """Base class of the sequence-to-sequence models (recurrent and Transformer).
 
     Inputs (a dict):
@@ -89,16 +90,6 @@ class EncoderDecoderModel(keras.Model):
         attention). A state tensor may change shape beyond its first axis from step to step
         (the Transformer's self-attention caches grow by a position a step)."""
         raise NotImplementedError(f"{type(self).__name__} does not implement decode_step")
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            label_smoothing=self.label_smoothing,
-            pad_id=self.pad_id,
-            bos_id=self.bos_id,
-            eos_id=self.eos_id,
-        )
-        return config
 
     @classmethod
     def from_config(cls, config):

@@ -90,16 +90,6 @@ class LuongAttention(SourceAttention):
             scores = scores * ops.cast(self.gain, scores.dtype)
         return scores
 
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            score=self.score_name,
-            scale=self.scale,
-            units=self.units,
-            depth_scaling=self.depth_scaling,
-        )
-        return config
-
     @classmethod
     def from_config(cls, config):
         # A configuration saved before `depth_scaling` existed describes an unscaled score.

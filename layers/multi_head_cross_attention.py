@@ -136,16 +136,3 @@ class MultiHeadCrossAttention(SourceAttention):
         else:
             heads = ops.reshape(heads, (ops.shape(query)[0], ops.shape(query)[1], width))
         return self.output_projection(heads), weights
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            num_heads=self.num_heads,
-            key_dim=self.key_dim,
-            value_dim=self.value_dim_per_head,
-            output_dim=self.output_dim,
-            use_bias=self.use_bias,
-            qk_norm=self.qk_norm,
-            project_values=self.project_values,
-        )
-        return config

@@ -6,12 +6,13 @@ import keras_hub
 from keras import ops
 
 from layers.masking import sequence_mask
+from layers.recorded_arguments import RecordsArguments
 from layers.recurrent_layers import token_embedding
 from layers.sixteen_bit_dropout import SixteenBitDropout
 from layers.special_tokens import PAD_ID
 
 
-class PositionalEncoder(keras.layers.Layer):
+class PositionalEncoder(RecordsArguments, keras.layers.Layer):
     """Base of `SelfAttentionEncoder` and `ConvolutionalEncoder`: embeds source tokens, adds
     sinusoidal positions (Vaswani et al., 2017), and returns what `RecurrentEncoder` returns.
     A subclass builds its own layers in `build` (after `super().build`) and reads the source in
@@ -83,13 +84,3 @@ class PositionalEncoder(keras.layers.Layer):
     def compute_output_shape(self, source_ids_shape):
         batch, length = source_ids_shape[0], source_ids_shape[1]
         return (batch, length, self.model_dim), (((batch, self.model_dim),),), (batch, length)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            vocab_size=self.vocab_size,
-            model_dim=self.model_dim,
-            dropout=self.dropout_rate,
-            pad_id=self.pad_id,
-        )
-        return config

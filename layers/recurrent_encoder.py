@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from layers.masking import reverse_padded, sequence_mask
+from layers.recorded_arguments import RecordsArguments
 from layers.recurrent_layers import (
     check_cell_type,
     recurrent_layer,
@@ -17,7 +18,7 @@ MERGE_MODES = ("concat", "sum")
 
 
 @keras.saving.register_keras_serializable(package="seq2seq")
-class RecurrentEncoder(keras.layers.Layer):
+class RecurrentEncoder(RecordsArguments, keras.layers.Layer):
     """Embeds source tokens and runs a stack of LSTM/GRU/SimpleRNN layers over them.
 
     Args:
@@ -162,21 +163,3 @@ class RecurrentEncoder(keras.layers.Layer):
             tuple((batch, size) for size in layer_sizes) for layer_sizes in self.state_sizes
         )
         return (batch, length, self.output_dim), states, (batch, length)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            vocab_size=self.vocab_size,
-            embedding_dim=self.embedding_dim,
-            units=self.units,
-            num_layers=self.num_layers,
-            cell_type=self.cell_type,
-            bidirectional=self.bidirectional,
-            merge_mode=self.merge_mode,
-            dropout=self.dropout_rate,
-            output_dropout=self.output_dropout_rate,
-            residual=self.residual,
-            reverse_source=self.reverse_source,
-            pad_id=self.pad_id,
-        )
-        return config

@@ -34,6 +34,8 @@ class RecurrentSeq2Seq(EncoderDecoderModel):
         pad_id, bos_id, eos_id: ids of the special target tokens.
     """
 
+    LAYER_ARGUMENTS = ("encoder", "decoder")
+
     def __init__(
         self,
         encoder,
@@ -131,19 +133,6 @@ class RecurrentSeq2Seq(EncoderDecoderModel):
             inputs, training=training, sampling_probability=sampling_probability
         )
         return logits
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            encoder=keras.saving.serialize_keras_object(self.encoder),
-            decoder=keras.saving.serialize_keras_object(self.decoder),
-            bridge=self.bridge.kind,
-            scheduled_sampling=(
-                self.scheduled_sampling.get_config() if self.scheduled_sampling else None
-            ),
-            share_embeddings=self.share_embeddings,
-        )
-        return config
 
 
 # Models saved before the rename name the class "Seq2Seq": they load as RecurrentSeq2Seq.

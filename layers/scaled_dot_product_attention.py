@@ -78,12 +78,3 @@ class ScaledDotProductAttention(SourceAttention):
     def score(self, query, memory_cache):
         keys = ops.cast(memory_cache[0], query.dtype)
         return ops.matmul(query, keys) / math.sqrt(self.depth)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            projection_dim=self.projection_dim,
-            project_values=self.project_values,
-            qk_norm=self.qk_norm,
-        )
-        return config

@@ -89,14 +89,3 @@ class SelfAttentionEncoder(PositionalEncoder):
         if self.output_norm is not None:
             x = self.output_norm(x)
         return self.outputs(x, mask)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            num_layers=self.num_layers,
-            num_heads=self.num_heads,
-            ffn_dim=self.ffn_dim,
-            attention_dropout=self.attention_dropout_rate,
-            normalize_first=self.normalize_first,
-        )
-        return config

@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from layers.masking import boolean_mask, masked_softmax
+from layers.recorded_arguments import RecordsArguments
 
 
 def group_step_queries(query, memory_cache, feature_shape=None):
@@ -29,7 +30,7 @@ def ungroup_step_outputs(x, tail=None):
     return ops.reshape(x, (-1, *tail))
 
 
-class SourceAttention(keras.layers.Layer):
+class SourceAttention(RecordsArguments, keras.layers.Layer):
     """Base class: a decoder query attends over the encoder's memory.
 
     Call as `context, weights = attention(query, memory, memory_mask=None)`.

@@ -6,6 +6,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from layers.recorded_arguments import RecordsArguments
+
 # layout: (the divisor d of the frequencies w_j = max_wavelength ** (-j / d) over the dim / 2
 # sines, as a function of dim; the position of a sequence's first token; the precision the
 # table is computed in, as the checkpoints' own code computes it).
@@ -31,7 +33,7 @@ def split_sine_table(positions, dim, layout="marian", max_wavelength=10000.0):
 
 
 @keras.saving.register_keras_serializable(package="seq2seq")
-class SplitSinePositions(keras.layers.Layer):
+class SplitSinePositions(RecordsArguments, keras.layers.Layer):
     """A fixed (untrained) table of sinusoidal position encodings, sines first. "marian": the
     values of keras-hub's `SinePositionEncoding`, whose sines and cosines interleave, with the
     features permuted, positions from 0; "fairseq": other frequencies, positions from 2.
@@ -69,8 +71,3 @@ class SplitSinePositions(keras.layers.Layer):
 
     def compute_output_shape(self, inputs_shape):
         return inputs_shape
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(max_positions=self.max_positions, layout=self.layout)
-        return config

@@ -3,11 +3,13 @@
 import keras
 from keras import ops
 
+from layers.recorded_arguments import RecordsArguments
+
 BRIDGES = ("dense", "copy", "zero")
 
 
 @keras.saving.register_keras_serializable(package="seq2seq")
-class StateBridge(keras.layers.Layer):
+class StateBridge(RecordsArguments, keras.layers.Layer):
     """Maps encoder final states to decoder initial states.
 
     - "dense": all encoder states, concatenated, go through one tanh layer whose output is
@@ -73,8 +75,3 @@ class StateBridge(keras.layers.Layer):
     def compute_output_shape(self, source_states_shape):
         batch = source_states_shape[0][0][0]
         return tuple(tuple((batch, s) for s in layer) for layer in self.target_state_sizes)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(kind=self.kind, target_state_sizes=self.target_state_sizes)
-        return config

@@ -10,7 +10,6 @@ from keras import ops
 
 from layers.encoder_decoder_model import EncoderDecoderModel
 from layers.masking import sequence_mask
-from layers.recorded_arguments import records_arguments
 from layers.sixteen_bit_dropout import SixteenBitDropout
 from layers.special_tokens import BOS_ID, EOS_ID, PAD_ID
 from layers.split_sine_positions import SplitSinePositions
@@ -44,13 +43,12 @@ class Transformer(EncoderDecoderModel):
     Transformer configuration, by the same names and with the meanings of
     docs/configuration.md, where `pipeline.model_types.transformer` declares them; the builder
     passes them here by name and `get_config` returns every constructor argument
-    (`records_arguments`). `target_language_first`, `label_smoothing`, `pad_id`, `bos_id` and
+    (`RecordsArguments`). `target_language_first`, `label_smoothing`, `pad_id`, `bos_id` and
     `eos_id`: see `EncoderDecoderModel`. A suppressed id's logit is `NEVER` at every decoding
     step and in training, so that search never outputs it and no softmax counts it; label
     smoothing spreads over the other ids. `positions` takes the keys of `POSITION_LAYERS`.
     """
 
-    @records_arguments
     def __init__(
         self,
         source_vocab_size,
@@ -369,9 +367,6 @@ class Transformer(EncoderDecoderModel):
 
     def call(self, inputs, training=None):
         return self.forward(inputs, training=training)[0]
-
-    def get_config(self):
-        return {**super().get_config(), **self.recorded_arguments}
 
     @classmethod
     def from_config(cls, config):

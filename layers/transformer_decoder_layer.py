@@ -4,11 +4,12 @@ import keras
 
 from layers.causal_self_attention import CausalSelfAttention
 from layers.multi_head_cross_attention import MultiHeadCrossAttention
+from layers.recorded_arguments import RecordsArguments
 from layers.sixteen_bit_dropout import SixteenBitDropout
 
 
 @keras.saving.register_keras_serializable(package="seq2seq")
-class TransformerDecoderLayer(keras.layers.Layer):
+class TransformerDecoderLayer(RecordsArguments, keras.layers.Layer):
     """Causal self-attention, cross-attention to the encoder memory and a position-wise
     feed-forward network, each wrapped in a residual connection and layer normalisation
     (Vaswani et al., 2017). With `normalize_first` the normalisation comes before each
@@ -131,17 +132,3 @@ class TransformerDecoderLayer(keras.layers.Layer):
         )
         x, _ = self._residual(x, self.norms[2], lambda h: self._feedforward(h, False), False)
         return x, cache, weights
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            num_heads=self.num_heads,
-            intermediate_dim=self.intermediate_dim,
-            dropout=self.dropout_rate,
-            attention_dropout=self.attention_dropout_rate,
-            ffn_dropout=self.ffn_dropout_rate,
-            activation=self.activation,
-            normalize_first=self.normalize_first,
-            layer_norm_epsilon=self.layer_norm_epsilon,
-        )
-        return config

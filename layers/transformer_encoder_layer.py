@@ -8,11 +8,12 @@ from layers.keras_internals import (
     encoder_sublayers,
     set_attention_weights_dropout,
 )
+from layers.recorded_arguments import RecordsArguments
 from layers.sixteen_bit_dropout import SixteenBitDropout
 
 
 @keras.saving.register_keras_serializable(package="seq2seq")
-class TransformerEncoderLayer(keras_hub.layers.TransformerEncoder):
+class TransformerEncoderLayer(RecordsArguments, keras_hub.layers.TransformerEncoder):
     """keras-hub's `TransformerEncoder` (self-attention and a position-wise feed-forward
     network, each in a residual connection with layer normalisation), with the dropout on
     the attention weights set apart from the dropout after each sublayer, as fairseq's
@@ -45,8 +46,3 @@ class TransformerEncoderLayer(keras_hub.layers.TransformerEncoder):
         for dropout in (parts.self_attention_dropout, parts.feedforward_dropout,
                         attention_weights_dropout(parts.self_attention)):  # fmt: skip
             SixteenBitDropout.adopt(dropout)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(attention_dropout=self.attention_dropout)
-        return config
