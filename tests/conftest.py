@@ -20,6 +20,23 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+# The test files that take longest, longest first (their seconds in a whole run: bench/RESULTS.md,
+# "The test suite"). pytest-xdist hands each worker a whole file at a time in collection order
+# (`--no-loadscope-reorder` in pyproject.toml), so the long ones start first and the run ends
+# on short ones, not with one worker idle while the other finishes a long file.
+LONGEST_FIRST = (
+    "test_pretrained.py", "test_pretrained_m2m.py", "test_export.py", "test_train.py",
+    "test_multilingual.py", "test_distribute.py", "test_hardening.py", "test_transformer.py",
+    "test_serve.py", "test_ensemble.py", "test_work_directory.py", "test_seq2seq.py",
+    "test_layer_harness.py", "test_precision.py", "test_shared_vocabulary.py", "test_distill.py",
+    "test_web_example.py", "test_search.py", "test_commands.py", "test_fine_tuning.py",
+)  # fmt: skip
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files stay whole
+
 
 @pytest.fixture(autouse=True)
 def _seed():

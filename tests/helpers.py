@@ -4,7 +4,6 @@ import fcntl
 import gzip
 import hashlib
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -175,56 +174,3 @@ def wait_for_checkpoint(workdir, step, process, timeout=240):
         assert process.poll() is None, process.stdout.read()
         assert time.monotonic() < deadline, "no checkpoint in time"
         time.sleep(0.05)
-
-
-class IdMap:
-    """A pretrained checkpoint's ids of a work directory's ids and back, from the pieces alone
-    (an independent reading of the convention `pipeline.pretrained.vocabulary` writes): the
-    specials by position, a row no token owns by its `<rowN>` name, a control piece
-    `piece@row` by its piece, any other piece by its name, with or without its word-start mark.
-    `table`: the checkpoint's {token: id}; `config`: its config.json."""
-
-    ROW_PIECE = re.compile(r"<row(\d+)>")
-
-    def __init__(self, tokenizer, table, config):
-        processor = tokenizer.processor
-        start = config.get("decoder_start_token_id", config["pad_token_id"])
-        specials = {1: table["<unk>"], 2: start, 3: config["eos_token_id"]}
-        self.to_checkpoint = {}
-        for i in range(processor.get_piece_size()):
-            piece = processor.id_to_piece(i)
-            if i in specials:
-                self.to_checkpoint[i] = specials[i]
-            elif i >= 4 and (row := self.ROW_PIECE.fullmatch(piece)):
-                self.to_checkpoint[i] = int(row[1])
-            elif i >= 4:
-                name = piece.split("@")[0] if "@" in piece else piece.lstrip("\u2581")
-                found = table.get(piece, table.get(name))
-                self.to_checkpoint[i] = table["<unk>"] if found is None else found
-        self.to_ours = {}
-        for ours, theirs in sorted(self.to_checkpoint.items(), reverse=True):
-            self.to_ours[theirs] = ours  # the lowest of our ids for a checkpoint id
-
-    def checkpoint(self, ids):
-        return [self.to_checkpoint[i] for i in ids]
-
-    def ours(self, ids):
-        return [self.to_ours[i] for i in ids]
-
-    def output_columns(self, suppressed):
-        """(our ids, the checkpoint's ids) of the logits a model may output: every id but the
-        `suppressed` ones, which cover no checkpoint id but its decoder start (Marian's
-        <pad>) when that is not its </s>."""
-        pairs = sorted((ours, theirs) for ours, theirs in self.to_checkpoint.items()
-                       if ours not in set(suppressed))  # fmt: skip
-        covered = {theirs for _, theirs in pairs}
-        assert set(self.to_ours) - covered <= {self.to_checkpoint[2]} - {self.to_checkpoint[3]}
-        return [ours for ours, _ in pairs], [theirs for _, theirs in pairs]
-
-
-def indices_by(keys):
-    """{key: the indices where it stands in `keys`}, in order of first appearance."""
-    groups = {}
-    for index, key in enumerate(keys):
-        groups.setdefault(key, []).append(index)
-    return groups

@@ -7,12 +7,14 @@ clipping every step, from the same start four ways:
 - `accumulated`: one device, each update accumulated over every part (micro-batches);
 - `mirrored_accumulated`: two replicas, each accumulating over its half of the parts.
 
-Prints each run's per-step losses and its final weights' largest difference from `single`'s,
-as JSON. Options (each `key=value`): `parts=N` micro-batches per replica (default 3), and any
-configuration override (`train.label_smoothing=0`, `train.loss_normalization=sentences`).
+Prints, for each variant, each run's per-step losses and its final weights' largest
+difference from `single`'s, as JSON. A variant's options: `transformer`, `parts=N`
+micro-batches per replica (default 3), and any configuration override
+(`train.label_smoothing=0`, `train.loss_normalization=sentences`).
 
-Run as a script (`python tests/mirrored_steps.py [transformer] [parts=N] [key=value...]`):
-the CPU must be split before TensorFlow initialises, which a test process has already done.
+Run as a script, the variants as JSON (`python tests/mirrored_steps.py '{"name": ["transformer",
+"parts=3"], ...}'`): the CPU must be split before TensorFlow initialises, which a test process
+has already done; one process runs every variant, so that TensorFlow starts once.
 """
 
 import json
@@ -106,8 +108,8 @@ def train(strategy, dataset, config, initial_weights, accumulate_steps=1):
     return losses, model.get_weights()
 
 
-def main():
-    arguments = sys.argv[1:]
+def runs_of(arguments, mirrored):
+    """{run name: (losses, weights)} of the variant of `arguments`."""
     options = dict(a.split("=", 1) for a in arguments if a.startswith("parts="))
     parts = int(options.get("parts", 3))
     overrides = ["train.clip_norm=0.05"]  # below every step's gradient norm here
@@ -133,10 +135,7 @@ def main():
     with tf.distribute.get_strategy().scope():
         start = build_model(config, VOCAB, VOCAB).get_weights()
     one_device = tf.distribute.get_strategy()
-    mirrored = tf.distribute.MirroredStrategy(
-        ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()
-    )
-    runs = {
+    return {
         "single": train(one_device, stream(lambda: (union(step) for step in steps))(), config,
                         start),
         "mirrored": train(mirrored, mirrored.distribute_datasets_from_function(
@@ -148,13 +147,25 @@ def main():
             lambda context: micro_batches.group(stream(each_part)(), parts)), config, start,
             accumulate_steps=parts),
     }  # fmt: skip
+
+
+def report(runs, replicas):
     single_weights = runs["single"][1]
-    print(json.dumps({
-        "replicas": mirrored.num_replicas_in_sync,
+    return {
+        "replicas": replicas,
         **{name: {"losses": losses, "max_weight_difference": max(
             float(np.abs(a - b).max()) for a, b in zip(single_weights, weights))}
            for name, (losses, weights) in runs.items()},
-    }))  # fmt: skip
+    }  # fmt: skip
+
+
+def main():
+    mirrored = tf.distribute.MirroredStrategy(
+        ["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice()
+    )
+    variants = json.loads(sys.argv[1])
+    print(json.dumps({name: report(runs_of(arguments, mirrored), mirrored.num_replicas_in_sync)
+                      for name, arguments in variants.items()}))  # fmt: skip
 
 
 if __name__ == "__main__":

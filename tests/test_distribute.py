@@ -74,21 +74,34 @@ def test_the_keras_behaviours_distributed_training_works_around_are_still_there(
         assert name in vars(FusedAdam), name
 
 
-@pytest.mark.parametrize(
-    "arguments",
-    [[], ["transformer"], ["train.label_smoothing=0", "train.loss_normalization=sentences"]],
-    ids=["recurrent", "transformer", "sentences-without-smoothing"],
-)
-def test_replicas_and_accumulated_micro_batches_give_one_batchs_losses_and_weights(arguments):
-    """Two replicas, 6 micro-batches of mixed lengths accumulated on one device, and 3 on each
-    of two replicas: each update is the one that one batch of all their pairs gives."""
+# Variants of `mirrored_steps.py`: {name: its options}.
+MIRRORED_VARIANTS = {
+    "recurrent": ["parts=3"],
+    "transformer": ["parts=3", "transformer"],
+    "sentences-without-smoothing": ["parts=3", "train.label_smoothing=0",
+                                    "train.loss_normalization=sentences"],
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def mirrored_runs():
+    """Every variant's runs, from one process (TensorFlow started once)."""
     result = subprocess.run(
-        [sys.executable, str(PROJECT_ROOT / "tests" / "mirrored_steps.py"), "parts=3",
-         *arguments],
-        capture_output=True, text=True, timeout=300, env=environment(),
+        [sys.executable, str(PROJECT_ROOT / "tests" / "mirrored_steps.py"),
+         json.dumps(MIRRORED_VARIANTS)],
+        capture_output=True, text=True, timeout=600, env=environment(),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    runs = json.loads(result.stdout.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("variant", MIRRORED_VARIANTS)
+def test_replicas_and_accumulated_micro_batches_give_one_batchs_losses_and_weights(
+    mirrored_runs, variant
+):
+    """Two replicas, 6 micro-batches of mixed lengths accumulated on one device, and 3 on each
+    of two replicas: each update is the one that one batch of all their pairs gives."""
+    runs = dict(mirrored_runs[variant])
     assert runs.pop("replicas") == 2
     single = runs.pop("single")["losses"]
     assert set(runs) == {"mirrored", "accumulated", "mirrored_accumulated"}
@@ -143,18 +156,46 @@ def two_workers():
     return {"worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
 
 
-def test_two_workers_finish_with_identical_weights(tmp_path):
-    patience = ["--set", "train.early_stopping_patience=2"]
-    outputs = wait_for(start_workers(tmp_path, two_workers(), *patience))
+@pytest.fixture(scope="module")
+def killed_then_restarted(tmp_path_factory):
+    """A two-worker run whose second worker is killed once the checkpoint of step 20 is
+    saved, then both restarted on an empty scratch disk for two epochs of 50 steps with early
+    stopping: (the first run's chief process and output, the restart's outputs, the work
+    directory). Two tests read it: a killed worker's, and a whole two-worker run's."""
+    workdir = tmp_path_factory.mktemp("multi_worker")
+    cluster = two_workers()
+    # A worker cannot step without the other: the chief stops within a step of the kill. The
+    # first run's epoch is too long to end before the kill on any machine.
+    workers = start_workers(workdir, cluster, "--set", "train.epochs=1",
+                            "--set", "train.steps_per_epoch=1000000",
+                            "--set", "train.checkpoint_every_steps=10")  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not (workdir / "checkpoints" / "ckpt-20.index").exists():
+        assert all(w.poll() is None for w in workers) and time.monotonic() < deadline
+        time.sleep(0.05)
+    workers[1].kill()
+    chief_output = workers[0].communicate(timeout=120)[0]
+    workers[1].communicate()
+    # The killed worker comes back on an empty disk: it resumes from the chief's checkpoint.
+    shutil.rmtree(workdir / SCRATCH_DIR)
+    outputs = wait_for(start_workers(workdir, cluster, "--set", "train.epochs=2",
+                                     "--set", "train.steps_per_epoch=50",
+                                     "--set", "train.early_stopping_patience=2"))  # fmt: skip
+    return workers[0], chief_output, outputs, workdir
+
+
+def test_two_workers_finish_with_identical_weights(killed_then_restarted):
+    _, _, outputs, workdir = killed_then_restarted
     assert "worker-0 (chief)" in outputs[0] and "this process worker-1;" in outputs[1]
     # One training file for two input pipelines: each reads every line and keeps its half.
     assert "1 line in 2 (fewer files than input pipelines)" in outputs[1]
     assert fingerprint(outputs[0]) == fingerprint(outputs[1])
     # Only the chief wrote to the work directory; the other worker's scratch is gone.
-    assert (tmp_path / "model.keras").is_file() and (tmp_path / "checkpoints").is_dir()
-    assert not (tmp_path / SCRATCH_DIR).exists()
-    # Early stopping's state, shared from the chief as the run began, starts at an infinite loss.
-    state = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(tmp_path / "checkpoints")))
+    assert (workdir / "model.keras").is_file() and (workdir / "checkpoints").is_dir()
+    assert not (workdir / SCRATCH_DIR).exists()
+    # Early stopping's state, shared from the chief as the run began, starts at an infinite
+    # loss (the checkpoint resumed from was saved before any epoch ended).
+    state = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(workdir / "checkpoints")))
     best, best_epoch = (
         state.get_tensor(f"{EARLY_STOPPING}/{name}/.ATTRIBUTES/VARIABLE_VALUE")
         for name in ("best", "best_epoch")
@@ -163,29 +204,10 @@ def test_two_workers_finish_with_identical_weights(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_killed_worker_and_its_restart_resume_from_the_last_checkpoints(tmp_path):
-    cluster = two_workers()
-
-    # A worker cannot step without the other: the chief stops within a step of the kill. The
-    # first run's epoch is too long to end before the kill on any machine; the restart
-    # finishes the epoch at 50 steps (or runs one of 50 if the first went past).
-    def one_epoch(steps):
-        return ["--set", "train.epochs=1", "--set", f"train.steps_per_epoch={steps}",
-                "--set", "train.checkpoint_every_steps=10"]  # fmt: skip
-
-    workers = start_workers(tmp_path, cluster, *one_epoch(1_000_000))
-    deadline = time.monotonic() + 240
-    while not (tmp_path / "checkpoints" / "ckpt-20.index").exists():
-        assert all(w.poll() is None for w in workers) and time.monotonic() < deadline
-        time.sleep(0.05)
-    workers[1].kill()
-    chief_output = workers[0].communicate(timeout=120)[0]
-    workers[1].communicate()
-    assert workers[0].returncode == EXIT_RESTART, chief_output[-3000:]
+def test_a_killed_worker_and_its_restart_resume_from_the_last_checkpoints(killed_then_restarted):
+    chief, chief_output, outputs, _ = killed_then_restarted
+    assert chief.returncode == EXIT_RESTART, chief_output[-3000:]
     assert "another worker stopped" in chief_output
-    # The killed worker comes back on an empty disk: it resumes from the chief's checkpoint.
-    shutil.rmtree(tmp_path / SCRATCH_DIR)
-    outputs = wait_for(start_workers(tmp_path, cluster, *one_epoch(50)))
     assert re.search(r"Resuming from \S+ckpt-\d+ \(step", outputs[0])
     assert "Resuming from the chief's checkpoint (step" in outputs[1]
     resumed = [re.search(r"Resuming from .*\(step (\d+),", output).group(1) for output in outputs]

@@ -12,34 +12,35 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import PROJECT_ROOT, IdMap, indices_by, run_python
+from helpers import PROJECT_ROOT, run_python
 from layers.transformer import NEVER
 from pipeline.core.errors import UserError
 from pipeline.decoding.search import search
 from pipeline.decoding.search_options import CAPPED_HYPOTHESES, SearchOptions
 from pipeline.decoding.translation import Translator
 from pipeline.import_model import import_checkpoint
-from pipeline.pretrained import vocabulary
 from pipeline.workdir import load_trained
+from pretrained_helpers import (
+    LOGIT_TOLERANCE,
+    IdMap,
+    expected_case,
+    first_hypotheses,
+    import_fixtures,
+    indices_by,
+    loaded,
+)
 
 FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "hf_m2m"
 NAMES = ("m2m100", "nllb")
-LOGIT_TOLERANCE = 1e-4
 
 
 def expected(name):
-    return json.loads((FIXTURES / name / "expected.json").read_text(encoding="utf-8"))
+    return expected_case(FIXTURES, name)
 
 
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory):
-    """{fixture name: its work directory}, each imported once, in blocks of a few rows."""
-    root = tmp_path_factory.mktemp("imported")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(vocabulary, "BLOCK_ROWS", 37)
-        for name in NAMES:
-            import_checkpoint(FIXTURES / name, root / name, log=lambda _: None)
-    return {name: root / name for name in NAMES}
+    return import_fixtures(tmp_path_factory, FIXTURES, NAMES)
 
 
 def checkpoint_table(name):
@@ -48,13 +49,13 @@ def checkpoint_table(name):
 
 
 def id_map(name, workdir):
-    _, _, source_tokenizer, _ = load_trained(workdir)
+    _, _, source_tokenizer, _ = loaded(workdir)
     config = json.loads((FIXTURES / name / "config.json").read_text(encoding="utf-8"))
     return IdMap(source_tokenizer, checkpoint_table(name), config)
 
 
 def translator(workdir):
-    return Translator.from_trained(load_trained(workdir))
+    return Translator.from_trained(loaded(workdir))
 
 
 def sources_and_prefixes(name, workdir):
@@ -68,12 +69,6 @@ def sources_and_prefixes(name, workdir):
     sources = model_translator.source_tokenizer.tokenize(tf.constant(requests))
     prefix_ids = model_translator.target_tokenizer.tokenize(tf.constant(prefixes))
     return sources, prefix_ids.to_tensor(0)
-
-
-def outputs(ids, lengths):
-    return [
-        row[0, : length[0]].tolist() for row, length in zip(np.asarray(ids), np.asarray(lengths))
-    ]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -94,7 +89,7 @@ def language_token(name, code):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_logits_for_forced_targets_match_transformers(imported, name):
-    _, model, _, _ = load_trained(imported[name])
+    _, model, _, _ = loaded(imported[name])
     ids = id_map(name, imported[name])
     sources, _ = sources_and_prefixes(name, imported[name])
     sources = sources.to_tensor(0)
@@ -114,14 +109,14 @@ def test_greedy_and_beam_search_give_generates_ids(imported, name):
     """The whole fixture in one batch, directions mixed, gives what `generate()` gave each
     sentence alone (less the target language token, which the output leaves out)."""
     case = expected(name)
-    config, model, _, _ = load_trained(imported[name])
+    config, model, _, _ = loaded(imported[name])
     ids = id_map(name, imported[name])
     sources, prefixes = sources_and_prefixes(name, imported[name])
     sources = sources.to_tensor(0)
     for key, overrides in (("greedy_ids", {"beam_size": 1}), ("beam_ids", {})):
         options = SearchOptions.from_config(config["decode"], **overrides)
         out, lengths, scores, _ = search(model, sources, options, prefixes)
-        assert [ids.checkpoint(o) for o in outputs(out, lengths)] == [
+        assert [ids.checkpoint(o) for o in first_hypotheses(out, lengths)] == [
             theirs[1:] for theirs in case[key]], key  # fmt: skip
     np.testing.assert_allclose(scores.numpy()[:, 0], case["beam_scores"], atol=1e-4)
 
@@ -134,7 +129,7 @@ def test_beams_cut_at_max_length_rank_with_the_ended_ones_as_generate_ranks_them
     differs = 0
     for name in NAMES:
         capped = json.loads((FIXTURES / name / "capped.json").read_text(encoding="utf-8"))
-        config, model, _, _ = load_trained(imported[name])
+        config, model, _, _ = loaded(imported[name])
         assert config["decode"]["capped_hypotheses"] == "rank"
         ids = id_map(name, imported[name])
         sources, prefixes = sources_and_prefixes(name, imported[name])
@@ -145,7 +140,8 @@ def test_beams_cut_at_max_length_rank_with_the_ended_ones_as_generate_ranks_them
                                                 max_length_cap=limit,
                                                 capped_hypotheses=rule)  # fmt: skip
             out, lengths, scores, _ = search(model, sources.to_tensor(0), options, prefixes)
-            found[rule] = [ids.checkpoint(o) for o in outputs(out, lengths)], scores.numpy()
+            hypotheses = first_hypotheses(out, lengths)
+            found[rule] = [ids.checkpoint(o) for o in hypotheses], scores.numpy()
         assert found["rank"][0] == [theirs[1:] for theirs in capped["beam_ids"]], name
         np.testing.assert_allclose(found["rank"][1][:, 0], capped["beam_scores"], atol=1e-4)
         differs += found["fill"][0] != found["rank"][0]
@@ -153,7 +149,7 @@ def test_beams_cut_at_max_length_rank_with_the_ended_ones_as_generate_ranks_them
 
 
 def test_the_languages_are_the_checkpoints_codes(imported):
-    config, model, _, _ = load_trained(imported["nllb"])
+    config, model, _, _ = loaded(imported["nllb"])
     assert config["data"]["source_language_tags"]["deu_Latn"] == "deu_Latn"
     assert config["data"]["target_language_tokens"]["fra_Latn"] == "fra_Latn"
     assert model.target_language_first
@@ -497,7 +493,7 @@ def test_fine_tuning_pairs_are_those_transformers_trains_on(imported, tmp_path):
 
     case = expected("nllb")
     ids = id_map("nllb", imported["nllb"])
-    _, _, tokenizer, _ = load_trained(imported["nllb"])
+    _, _, tokenizer, _ = loaded(imported["nllb"])
     start, eos = ids.to_checkpoint[2], ids.to_checkpoint[3]
     for (index, reference), labels in zip(references("nllb").items(), case["target_ids"]):
         pair = [(case["sentences"][index], reference)]
@@ -581,8 +577,8 @@ def test_a_fine_tuned_import_is_scored_and_evaluated_in_its_direction(imported, 
     moved = tmp_path / "moved"
     train(["--config", str(config), "--workdir", str(moved), "--init-from",
            str(imported["nllb"]), "--set", "train.learning_rate=0.01"])  # fmt: skip
-    _, tuned, _, _ = load_trained(moved)
-    _, original, _, _ = load_trained(imported["nllb"])
+    _, tuned, _, _ = loaded(moved)
+    _, original, _, _ = loaded(imported["nllb"])
     assert any(not np.array_equal(a, b) for a, b in zip(tuned.get_weights(),
                                                         original.get_weights()))  # fmt: skip
 
