@@ -1,8 +1,7 @@
 """What the tests of imported checkpoints (`test_pretrained.py`, `test_pretrained_m2m.py`)
-share: each fixture family's cases as transformers recorded them, the imports, reading the
-work directories once, and the mapping between a checkpoint's ids and ours."""
+share: each fixture family's cases as transformers recorded them, the imports, the first
+hypotheses of a search, and the mapping between a checkpoint's ids and ours."""
 
-import functools
 import json
 import re
 
@@ -11,7 +10,6 @@ import pytest
 
 from pipeline.import_model import import_checkpoint
 from pipeline.pretrained import vocabulary
-from pipeline.workdir import load_trained
 
 LOGIT_TOLERANCE = 1e-4  # ours against transformers' logits
 
@@ -30,13 +28,6 @@ def import_fixtures(tmp_path_factory, fixtures, names):
         for name in names:
             import_checkpoint(fixtures / name, root / name, log=lambda _: None)
     return {name: root / name for name in names}
-
-
-@functools.cache
-def loaded(workdir):
-    """`load_trained(workdir)`, read once a run: for the tests that only read the work
-    directory's tokenizers, model and configuration (a test that changes one loads its own)."""
-    return load_trained(workdir)
 
 
 def first_hypotheses(ids, lengths):

@@ -80,8 +80,12 @@ def translate_both(model, translator, source_ids, source_tokens, target_tokens, 
     [
         {},
         {"normalize_first": False},
-        {"positions": "learned", "max_positions": 32, "tie_embeddings": False,
-         "embedding_norm": True},
+        {
+            "positions": "learned",
+            "max_positions": 32,
+            "tie_embeddings": False,
+            "embedding_norm": True,
+        },
         {"share_embeddings": True, "encoder_layers": 1},
     ],
 )

@@ -28,7 +28,6 @@ from pretrained_helpers import (
     first_hypotheses,
     import_fixtures,
     indices_by,
-    loaded,
 )
 
 FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "hf_marian"
@@ -59,7 +58,7 @@ def test_safetensors_rows_are_read_as_indexing_the_whole_tensor_would():
 
 
 def id_maps(name, workdir):
-    _, _, source_tokenizer, target_tokenizer = loaded(workdir)
+    _, _, source_tokenizer, target_tokenizer = load_trained(workdir)
     directory = FIXTURES / name
     source_table = json.loads((directory / "vocab.json").read_text(encoding="utf-8"))
     target_file = directory / "target_vocab.json"
@@ -76,12 +75,12 @@ def requests(name, workdir):
     from pipeline.decoding.translation import Translator
 
     case = expected(name)
-    translator = Translator.from_trained(loaded(workdir))
+    translator = Translator.from_trained(load_trained(workdir))
     return translator.requests(case["sentences"], case.get("target_languages"))
 
 
 def source_batch(name, workdir):
-    _, _, source_tokenizer, _ = loaded(workdir)
+    _, _, source_tokenizer, _ = load_trained(workdir)
     ragged = source_tokenizer.tokenize(tf.constant(requests(name, workdir)))
     return ragged.to_list(), ragged.to_tensor(0)
 
@@ -93,14 +92,14 @@ def test_sources_and_targets_tokenize_as_marian_tokenizer_does(imported, name):
     pieces, _ = source_batch(name, imported[name])
     eos = source_map.to_checkpoint[3]
     assert [source_map.checkpoint(ids) + [eos] for ids in pieces] == case["source_ids"]
-    _, _, _, target_tokenizer = loaded(imported[name])
+    _, _, _, target_tokenizer = load_trained(imported[name])
     targets = target_tokenizer.tokenize(tf.constant(case["target_texts"])).to_list()
     assert [target_map.checkpoint(ids) + [eos] for ids in targets] == case["target_ids"]
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_logits_for_forced_targets_match_transformers(imported, name):
-    _, model, _, _ = loaded(imported[name])
+    _, model, _, _ = load_trained(imported[name])
     source_map, target_map = id_maps(name, imported[name])
     _, sources = source_batch(name, imported[name])
     ours, theirs_columns = target_map.output_columns(model.suppressed_ids)
@@ -118,7 +117,7 @@ def test_logits_for_forced_targets_match_transformers(imported, name):
 def test_greedy_and_beam_search_give_generates_ids(imported, name):
     """The whole fixture in one batch gives what `generate()` gave each sentence alone."""
     case = expected(name)
-    config, model, _, _ = loaded(imported[name])
+    config, model, _, _ = load_trained(imported[name])
     _, target_map = id_maps(name, imported[name])
     _, sources = source_batch(name, imported[name])
     for key, overrides in (("greedy_ids", {"beam_size": 1}), ("beam_ids", {})):
@@ -134,7 +133,7 @@ def test_greedy_and_beam_search_give_generates_ids(imported, name):
 
 
 def test_the_import_writes_a_work_directory_of_the_checkpoints_settings(imported):
-    config, model, source_tokenizer, target_tokenizer = loaded(imported["unequal_gelu"])
+    config, model, source_tokenizer, target_tokenizer = load_trained(imported["unequal_gelu"])
     checkpoint = json.loads((FIXTURES / "unequal_gelu" / "config.json").read_text())
     settings = config["model"]
     assert (settings["encoder_layers"], settings["decoder_layers"]) == (
@@ -153,7 +152,7 @@ def test_the_import_writes_a_work_directory_of_the_checkpoints_settings(imported
 
 
 def test_a_multi_target_model_takes_the_target_language_by_its_code(imported):
-    config, _, _, _ = loaded(imported["multi_target"])
+    config, _, _, _ = load_trained(imported["multi_target"])
     assert config["data"]["language_tags"] == {"deu": ">>deu<<", "fra": ">>fra<<"}
     with pytest.raises(ValueError, match="unknown language 'xyz'; this model translates into "
                        "deu, fra"):  # fmt: skip
@@ -163,7 +162,7 @@ def test_a_multi_target_model_takes_the_target_language_by_its_code(imported):
 def requests_for(workdir, sentences, language):
     from pipeline.decoding.translation import Translator
 
-    return Translator.from_trained(loaded(workdir)).requests(sentences, language)
+    return Translator.from_trained(load_trained(workdir)).requests(sentences, language)
 
 
 @pytest.fixture(scope="module")
@@ -300,7 +299,7 @@ def test_each_generation_setting_gives_generates_ids(imported, variant):
     name = VARIANTS_FIXTURE
     generation = {**checkpoint_json(name, GENERATION_CONFIG_FILE), **case["keys"]}
     settings = generate_settings(checkpoint_json(name, "config.json"), generation)
-    config, model, _, _ = loaded(imported[name])
+    config, model, _, _ = load_trained(imported[name])
     decode = {**config["decode"], **{k: v for k, v in settings.items() if k not in IMPORT_NOTES}}
     _, target_map = id_maps(name, imported[name])
     _, sources = source_batch(name, imported[name])
@@ -323,7 +322,7 @@ def test_a_translation_cut_at_the_limit_reads_as_marian_tokenizers_in_every_runt
     # generate()'s max_length counts the decoder start; the import's limit does not.
     limit = generate_settings(checkpoint_json(name, "config.json"), generation)["max_length_cap"]
     sentences = expected(name)["sentences"][: len(case["texts"])]
-    trained = loaded(imported[name])
+    trained = load_trained(imported[name])
     assert trained[0]["data"]["strip_translation_spaces"]
     _, _, _, target_tokenizer = trained
     _, target_map = id_maps(name, imported[name])
@@ -470,8 +469,8 @@ def test_fine_tuning_an_import_keeps_its_model_vocabularies_and_search(imported,
     workdir = tmp_path / "fine_tuned"
     train(["--config", str(config), "--workdir", str(workdir),
            "--init-from", str(imported["shared_tied_swish"])])  # fmt: skip
-    tuned, model, source_tokenizer, _ = loaded(workdir)
-    original, original_model, original_source, _ = loaded(imported["shared_tied_swish"])
+    tuned, model, source_tokenizer, _ = load_trained(workdir)
+    original, original_model, original_source, _ = load_trained(imported["shared_tied_swish"])
     assert tuned["model"] == original["model"] and tuned["decode"] == original["decode"]
     assert source_tokenizer.model_proto == original_source.model_proto
     moved = [not np.array_equal(a, b) for a, b in
@@ -488,7 +487,7 @@ def test_fine_tuning_a_multi_target_import_tags_its_sources(imported, tmp_path):
     from pipeline.train import inherited_overrides
 
     workdir = imported["multi_target"]
-    _, _, source_tokenizer, target_tokenizer = loaded(workdir)
+    _, _, source_tokenizer, target_tokenizer = load_trained(workdir)
     sentence = "A dog runs across the meadow."
     for side, text in (("source", sentence), ("target", "Un chien traverse le pré.")):
         (tmp_path / f"pair.{side}").write_text(text + "\n", encoding="utf-8")

@@ -27,7 +27,6 @@ from pretrained_helpers import (
     first_hypotheses,
     import_fixtures,
     indices_by,
-    loaded,
 )
 
 FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "hf_m2m"
@@ -49,13 +48,13 @@ def checkpoint_table(name):
 
 
 def id_map(name, workdir):
-    _, _, source_tokenizer, _ = loaded(workdir)
+    _, _, source_tokenizer, _ = load_trained(workdir)
     config = json.loads((FIXTURES / name / "config.json").read_text(encoding="utf-8"))
     return IdMap(source_tokenizer, checkpoint_table(name), config)
 
 
 def translator(workdir):
-    return Translator.from_trained(loaded(workdir))
+    return Translator.from_trained(load_trained(workdir))
 
 
 def sources_and_prefixes(name, workdir):
@@ -89,7 +88,7 @@ def language_token(name, code):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_logits_for_forced_targets_match_transformers(imported, name):
-    _, model, _, _ = loaded(imported[name])
+    _, model, _, _ = load_trained(imported[name])
     ids = id_map(name, imported[name])
     sources, _ = sources_and_prefixes(name, imported[name])
     sources = sources.to_tensor(0)
@@ -109,7 +108,7 @@ def test_greedy_and_beam_search_give_generates_ids(imported, name):
     """The whole fixture in one batch, directions mixed, gives what `generate()` gave each
     sentence alone (less the target language token, which the output leaves out)."""
     case = expected(name)
-    config, model, _, _ = loaded(imported[name])
+    config, model, _, _ = load_trained(imported[name])
     ids = id_map(name, imported[name])
     sources, prefixes = sources_and_prefixes(name, imported[name])
     sources = sources.to_tensor(0)
@@ -129,7 +128,7 @@ def test_beams_cut_at_max_length_rank_with_the_ended_ones_as_generate_ranks_them
     differs = 0
     for name in NAMES:
         capped = json.loads((FIXTURES / name / "capped.json").read_text(encoding="utf-8"))
-        config, model, _, _ = loaded(imported[name])
+        config, model, _, _ = load_trained(imported[name])
         assert config["decode"]["capped_hypotheses"] == "rank"
         ids = id_map(name, imported[name])
         sources, prefixes = sources_and_prefixes(name, imported[name])
@@ -149,7 +148,7 @@ def test_beams_cut_at_max_length_rank_with_the_ended_ones_as_generate_ranks_them
 
 
 def test_the_languages_are_the_checkpoints_codes(imported):
-    config, model, _, _ = loaded(imported["nllb"])
+    config, model, _, _ = load_trained(imported["nllb"])
     assert config["data"]["source_language_tags"]["deu_Latn"] == "deu_Latn"
     assert config["data"]["target_language_tokens"]["fra_Latn"] == "fra_Latn"
     assert model.target_language_first
@@ -493,7 +492,7 @@ def test_fine_tuning_pairs_are_those_transformers_trains_on(imported, tmp_path):
 
     case = expected("nllb")
     ids = id_map("nllb", imported["nllb"])
-    _, _, tokenizer, _ = loaded(imported["nllb"])
+    _, _, tokenizer, _ = load_trained(imported["nllb"])
     start, eos = ids.to_checkpoint[2], ids.to_checkpoint[3]
     for (index, reference), labels in zip(references("nllb").items(), case["target_ids"]):
         pair = [(case["sentences"][index], reference)]
@@ -577,8 +576,8 @@ def test_a_fine_tuned_import_is_scored_and_evaluated_in_its_direction(imported, 
     moved = tmp_path / "moved"
     train(["--config", str(config), "--workdir", str(moved), "--init-from",
            str(imported["nllb"]), "--set", "train.learning_rate=0.01"])  # fmt: skip
-    _, tuned, _, _ = loaded(moved)
-    _, original, _, _ = loaded(imported["nllb"])
+    _, tuned, _, _ = load_trained(moved)
+    _, original, _, _ = load_trained(imported["nllb"])
     assert any(not np.array_equal(a, b) for a, b in zip(tuned.get_weights(),
                                                         original.get_weights()))  # fmt: skip
 

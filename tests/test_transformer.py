@@ -58,8 +58,12 @@ def test_causal_self_attention_reads_the_present_and_caches_only_the_positions_s
     "overrides",
     [
         {},
-        {"positions": "learned", "max_positions": 16, "tie_embeddings": False,
-         "embedding_norm": True},
+        {
+            "positions": "learned",
+            "max_positions": 16,
+            "tie_embeddings": False,
+            "embedding_norm": True,
+        },
         {"normalize_first": False},
     ],
 )
