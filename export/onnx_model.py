@@ -87,6 +87,41 @@ def _reshape_pairs_merged_only_without_copied_dims():
         handlers[("Reshape",)] = merge
 
 
+@contextlib.contextmanager
+def _unused_nodes_found_in_one_walk():
+    """tf2onnx finds the nodes a graph's outputs depend on by walking back from each output in
+    turn, every walk anew, after every optimiser pass and in every loop body: over the search
+    loops' dozens of carried outputs, most of an export's conversion time. One walk from all
+    the outputs together finds the same nodes (their union)."""
+    from tf2onnx.graph import Graph
+
+    extract = Graph.extract_sub_graph_nodes
+
+    def extract_in_one_walk(graph, outputs_name, input_checker=None, remove_unused_inputs=True):
+        if input_checker is not None:
+            return extract(graph, outputs_name, input_checker, remove_unused_inputs)
+        names = list(outputs_name)
+        if not remove_unused_inputs:
+            names += [placeholder.output[0] for placeholder in graph.inputs]
+        found = set()
+        to_visit = [graph.get_node_by_output(name, search_in_parent_graphs=False)
+                    for name in names]  # fmt: skip
+        while to_visit:
+            node = to_visit.pop()
+            if node is None or node in found:
+                continue
+            found.add(node)
+            for name in (*node.input, *node.get_implicit_inputs()):
+                to_visit.append(graph.get_node_by_output(name, search_in_parent_graphs=False))
+        return list(found)
+
+    Graph.extract_sub_graph_nodes = extract_in_one_walk
+    try:
+        yield
+    finally:
+        Graph.extract_sub_graph_nodes = extract
+
+
 # tf2onnx's optimiser passes for ops the exported graphs never hold (resizes, quantised pairs:
 # the int8 model is quantised after conversion): every pass rebuilds the whole graph whether
 # or not it finds anything, so these only cost time.
@@ -131,7 +166,11 @@ def convert_to_onnx(function, opset):
         opset=opset,
         custom_op_handlers={"Erfc": (_erfc_as_one_minus_erf, ())},
     )
-    with _reshape_pairs_merged_only_without_copied_dims(), _without_passes_without_work():
+    with (
+        _reshape_pairs_merged_only_without_copied_dims(),
+        _without_passes_without_work(),
+        _unused_nodes_found_in_one_walk(),
+    ):
         try:
             with _environment_variable(tf2onnx.constants.ENV_TF2ONNX_CATCH_ERRORS, "false"):
                 return convert()[0]

@@ -764,6 +764,42 @@ def test_a_failing_tf2onnx_pass_is_skipped_as_tf2onnx_does(monkeypatch):
     assert tf2onnx.constants.ENV_TF2ONNX_CATCH_ERRORS not in os.environ
 
 
+def test_the_nodes_kept_are_those_tf2onnx_keeps_in_every_graph_of_a_loop(monkeypatch):
+    """`_unused_nodes_found_in_one_walk`: on every call of a conversion with a loop (outputs of
+    the outer graph and of the loop's body), one walk from all the outputs finds the nodes
+    tf2onnx's walks from each output find; the conversion restores tf2onnx's own after."""
+    import tf2onnx
+    from tf2onnx.graph import Graph
+
+    from export.onnx_model import _unused_nodes_found_in_one_walk
+
+    tf2onnx_walks = Graph.extract_sub_graph_nodes
+    with _unused_nodes_found_in_one_walk():
+        one_walk = Graph.extract_sub_graph_nodes
+    assert Graph.extract_sub_graph_nodes is tf2onnx_walks
+    outputs_per_call = []
+
+    def both(graph, outputs_name, input_checker=None, remove_unused_inputs=True):
+        ours = one_walk(graph, outputs_name, input_checker, remove_unused_inputs)
+        theirs = tf2onnx_walks(graph, outputs_name, input_checker, remove_unused_inputs)
+        assert set(ours) == set(theirs)
+        outputs_per_call.append(len(outputs_name))
+        return ours
+
+    monkeypatch.setattr(Graph, "extract_sub_graph_nodes", both)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
+    def loop(x):
+        def body(i, total, peak, trace):
+            return i + 1, total + x * 2.0, tf.maximum(peak, total), trace * 0.5 + total
+
+        zeros = tf.zeros_like(x)
+        return tf.while_loop(lambda i, *_: i < 3, body, [0, zeros, zeros, zeros])[1:]
+
+    tf2onnx.convert.from_function(loop, input_signature=loop.input_signature, opset=17)
+    assert outputs_per_call and max(outputs_per_call) > 3  # the body's outputs, walked together
+
+
 def test_the_passes_left_out_are_tf2onnxs_and_only_for_the_conversion(monkeypatch):
     """The passes for ops the graphs never hold are skipped by name: a name tf2onnx no longer
     uses would leave them running silently. Other conversions keep every pass."""
