@@ -54,7 +54,9 @@ def import_checkpoint(source, workdir, log=log):
     if family not in FAMILIES:
         raise UserError(f"{checkpoint.directory / 'config.json'}: model_type {family!r} is not "
                         f"supported (supported: {', '.join(FAMILIES)})")  # fmt: skip
-    log(f"Reading the {family} checkpoint {checkpoint.directory}")
+    stored = checkpoint.stored_as()
+    weights = f", its weights stored as {stored} (read as float32)" if stored else ""
+    log(f"Reading the {family} checkpoint {checkpoint.directory}{weights}")
     imported = FAMILIES[family].convert(checkpoint)
     if imported.unproducible:
         log(

@@ -18,6 +18,7 @@ from pipeline.core.errors import UserError
 from pipeline.decoding.search import search
 from pipeline.decoding.search_options import SearchOptions
 from pipeline.import_model import import_checkpoint
+from pipeline.pretrained import vocabulary
 from pipeline.pretrained.checkpoint import GENERATION_CONFIG_FILE, Checkpoint
 from pipeline.pretrained.generation import IMPORT_NOTES, generate_settings
 from pipeline.workdir import load_trained
@@ -434,6 +435,55 @@ def _importable(module):
     import importlib.util
 
     return importlib.util.find_spec(module) is not None
+
+
+def write_safetensors(path, tensors):
+    """A safetensors file of {name: (safetensors dtype, the array of its bits or values)},
+    written as the format lays it out (NumPy has no bfloat16 for safetensors' own writer)."""
+    header, data, offset = {}, [], 0
+    for name, (dtype, array) in tensors.items():
+        raw = np.ascontiguousarray(array).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(array.shape),
+                        "data_offsets": [offset, offset + len(raw)]}  # fmt: skip
+        data.append(raw)
+        offset += len(raw)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(len(text).to_bytes(8, "little") + text + b"".join(data))
+
+
+def test_float16_and_bfloat16_checkpoints_import_as_their_values_in_float32(tmp_path):
+    """A checkpoint stored in bfloat16 and float16 (as many on the Hub are) imports as the
+    float32 checkpoint of the same values does, weight for weight, the embedding tables read
+    a block of rows at a time as ever; the import names the dtypes it read."""
+    from safetensors.numpy import load_file
+
+    source = FIXTURES / "separate_untied_relu"
+    halves, twin = tmp_path / "halves", tmp_path / "float32_twin"
+    for directory in (halves, twin):
+        shutil.copytree(source, directory)
+    stored, values = {}, {}
+    for index, (name, array) in enumerate(sorted(load_file(source / "model.safetensors").items())):
+        if "embed" in name or index % 2:  # bfloat16: the upper half of float32's bits
+            bits = (array.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+            stored[name] = ("BF16", bits)
+            values[name] = (bits.astype(np.uint32) << 16).view(np.float32)
+        else:
+            stored[name] = ("F16", array.astype(np.float16))
+            values[name] = stored[name][1].astype(np.float32)
+    write_safetensors(halves / "model.safetensors", stored)
+    write_safetensors(twin / "model.safetensors", {k: ("F32", v) for k, v in values.items()})
+    said = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(vocabulary, "BLOCK_ROWS", 37)
+        import_checkpoint(halves, tmp_path / "from_halves", log=said.append)
+        import_checkpoint(twin, tmp_path / "from_twin", log=lambda _: None)
+    assert "its weights stored as bfloat16 and float16 (read as float32)" in said[0]
+    ours, theirs = (load_trained(tmp_path / name)[1].get_weights()
+                    for name in ("from_halves", "from_twin"))  # fmt: skip
+    assert len(ours) == len(theirs)
+    for mine, expected_values in zip(ours, theirs):
+        np.testing.assert_array_equal(mine, expected_values)
 
 
 def test_the_command_reports_one_line_and_exit_status_2(tmp_path):

@@ -20,6 +20,8 @@ TORCH_FILE = "pytorch_model.bin"
 # What a Hub download fetches: every file an importer reads, and no other format's weights.
 HUB_PATTERNS = ["*.json", "*.spm", "*.model", "*.safetensors", TORCH_FILE]
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+# safetensors' dtype names of the weights an import reads (each converted to float32).
+FLOAT_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
 
 class Checkpoint:
@@ -29,6 +31,16 @@ class Checkpoint:
     def __init__(self, directory):
         self.directory = Path(directory)
         self.config = self.json(CONFIG_FILE)
+
+    def stored_as(self):
+        """How the weights are stored, in words ("bfloat16", "float16 and float32"; every
+        tensor is read as float32), or None for a PyTorch file, which torch reads."""
+        if not any((self.directory / name).is_file()
+                   for name in (SAFETENSORS_INDEX, SAFETENSORS_FILE)):  # fmt: skip
+            return None
+        dtypes = self.weights().dtypes.values()
+        names = sorted({FLOAT_DTYPES.get(dtype, dtype) for dtype in dtypes})
+        return " and ".join(names)
 
     def path(self, name, required=True):
         path = self.directory / name
@@ -86,16 +98,21 @@ class SafetensorsWeights(collections.abc.Mapping):
     """{name: float32 array} of safetensors files, each tensor read from its file (memory
     mapped) only when asked for, so that an import holds one tensor at a time rather than the
     whole checkpoint, and an embedding table a block of rows at a time (`rows`); the files'
-    headers are read (and checked) at once."""
+    headers are read (and checked) at once. `dtypes`: {name: its dtype as stored, safetensors'
+    name}; bfloat16 tensors, which NumPy has no type for, are read as their bits."""
 
     def __init__(self, paths):
-        self._files = {}
+        self._files, self.dtypes = {}, {}
         for path in paths:
             with _opened(path) as tensors:
-                self._files.update(dict.fromkeys(tensors.keys(), path))
+                for name in tensors.keys():
+                    self._files[name] = path
+                    self.dtypes[name] = tensors.get_slice(name).get_dtype()
 
     def __getitem__(self, name):
         path = self._files[name]
+        if self.dtypes[name] == "BF16":
+            return _float32(_from_bfloat16(_bfloat16_bits(path, name)[...]), path, name)
         with _opened(path) as tensors:
             return _float32(tensors.get_tensor(name), path, name)
 
@@ -110,7 +127,11 @@ class SafetensorsWeights(collections.abc.Mapping):
         ascending = rows[order]
         runs = np.split(ascending, np.flatnonzero(np.diff(ascending) > 1) + 1)
         with _opened(path) as tensors:
-            table = tensors.get_slice(name)
+            if self.dtypes[name] == "BF16":
+                bits = _bfloat16_bits(path, name)
+                table = _Rows(lambda start, stop: _from_bfloat16(bits[start:stop]))
+            else:
+                table = tensors.get_slice(name)
             parts = [_float32(table[int(run[0]) : int(run[-1]) + 1], path, name)[run - run[0]]
                      for run in runs]  # fmt: skip
         gathered = np.empty_like(parts[0], shape=(len(rows), *parts[0].shape[1:]))
@@ -159,6 +180,31 @@ def _read_torch(path):
     return InMemoryWeights(
         {name: _float32(tensor.float().numpy(), path, name) for name, tensor in state.items()}
     )
+
+
+class _Rows:
+    """`table[start:stop]` as `read(start, stop)` gives it."""
+
+    def __init__(self, read):
+        self.read = read
+
+    def __getitem__(self, rows):
+        return self.read(rows.start, rows.stop)
+
+
+def _bfloat16_bits(path, name):
+    """The bfloat16 tensor `name` of the safetensors file `path`, memory mapped as its bits
+    (uint16): the file is 8 bytes of header length, the JSON header, then the tensors."""
+    with open(path, "rb") as file:
+        length = int.from_bytes(file.read(8), "little")
+        entry = json.loads(file.read(length))[name]
+    return np.memmap(path, np.uint16, "r", offset=8 + length + entry["data_offsets"][0],
+                     shape=tuple(entry["shape"]))  # fmt: skip
+
+
+def _from_bfloat16(bits):
+    """bfloat16 values, as their uint16 bits, as float32: the upper half of its bits."""
+    return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
 
 
 def _float32(array, path, name):
