@@ -376,6 +376,28 @@ def broken_copy(tmp_path, change):
     return copy
 
 
+def shard_as(index_of, first_shard):
+    """The weights moved into `first_shard` of two that the index of `index_of` lists (the
+    second never written: a download cut short)."""
+
+    def change(directory):
+        second = first_shard.replace("00001-of", "00002-of")
+        (directory / "model.safetensors").rename(directory / first_shard)
+        weight_map = {"a": first_shard, "b": second}
+        index = directory / f"{index_of}.index.json"
+        index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+    return change
+
+
+def truncated(file):
+    def change(directory):
+        data = (directory / file).read_bytes()
+        (directory / file).write_bytes(data[: len(data) // 2])
+
+    return change
+
+
 def edit_json(file, **values):
     def change(directory):
         path = directory / file
@@ -409,6 +431,11 @@ def edit_config(**values):
             r"pytorch_model.bin: .*needs torch to read: pip install torch",
         ),
         (lambda d: (d / "config.json").write_text("{"), r"config.json: not readable JSON"),
+        (shard_as("model.safetensors", "model-00001-of-00002.safetensors"),
+         r"model-00002-of-00002.safetensors: missing"),
+        (truncated("model.safetensors"), r"model.safetensors: not a readable safetensors file"),
+        (shard_as("pytorch_model.bin", "pytorch_model-00001-of-00002.bin"),
+         r"pytorch_model-00001-of-00002.bin: .*needs torch to read: pip install torch"),
         (
             edit_json(GENERATION_CONFIG_FILE, repetition_penalty=1.2),
             r"generation_config.json: repetition_penalty 1.2 is not supported; the toolkit's "

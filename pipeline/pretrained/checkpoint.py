@@ -17,8 +17,9 @@ TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"  # a sharded checkpoint's key -> shard
 TORCH_FILE = "pytorch_model.bin"
+TORCH_INDEX = "pytorch_model.bin.index.json"  # a sharded PyTorch checkpoint's key -> shard
 # What a Hub download fetches: every file an importer reads, and no other format's weights.
-HUB_PATTERNS = ["*.json", "*.spm", "*.model", "*.safetensors", TORCH_FILE]
+HUB_PATTERNS = ["*.json", "*.spm", "*.model", "*.safetensors", "pytorch_model*.bin"]
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 # safetensors' dtype names of the weights an import reads (each converted to float32).
 FLOAT_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
@@ -70,13 +71,19 @@ class Checkpoint:
     def weights(self):
         """{name: float32 array} of every tensor of the checkpoint, with `shape(name)` and
         `rows(name, rows)`: model.safetensors (or its shards) through safetensors' NumPy API,
-        each tensor read when asked for (`SafetensorsWeights`); else pytorch_model.bin through
-        torch (`InMemoryWeights`)."""
+        each tensor read when asked for (`SafetensorsWeights`); else pytorch_model.bin (or its
+        shards) through torch (`InMemoryWeights`)."""
         if (self.directory / SAFETENSORS_INDEX).is_file():
             shards = sorted(set(self.json(SAFETENSORS_INDEX).get("weight_map", {}).values()))
             return SafetensorsWeights([self.path(shard) for shard in shards])
         if (self.directory / SAFETENSORS_FILE).is_file():
             return SafetensorsWeights([self.directory / SAFETENSORS_FILE])
+        if (self.directory / TORCH_INDEX).is_file():
+            shards = sorted(set(self.json(TORCH_INDEX).get("weight_map", {}).values()))
+            weights = InMemoryWeights()
+            for shard in shards:  # one shard's tensors held by torch at a time
+                weights.update(_read_torch(self.path(shard)))
+            return weights
         if (self.directory / TORCH_FILE).is_file():
             return _read_torch(self.directory / TORCH_FILE)
         raise UnusableFileError(
