@@ -20,10 +20,10 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-# The test files that take longest, longest first (their seconds in a whole run: bench/RESULTS.md,
-# "The test suite"). pytest-xdist hands each worker a whole file at a time in collection order
-# (`--no-loadscope-reorder` in pyproject.toml), so the long ones start first and the run ends
-# on short ones, not with one worker idle while the other finishes a long file.
+# The test files that take longest, longest first (as per-test timings of a whole run ranked
+# them: bench/RESULTS.md, "The test suite"). pytest-xdist hands each worker a whole file at a
+# time in collection order (`--no-loadscope-reorder` in pyproject.toml), so the long ones start
+# first and the run ends on short ones, not with one worker idle while the other finishes one.
 LONGEST_FIRST = (
     "test_pretrained.py", "test_pretrained_m2m.py", "test_export.py", "test_train.py",
     "test_multilingual.py", "test_distribute.py", "test_hardening.py", "test_transformer.py",

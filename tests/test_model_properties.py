@@ -124,3 +124,10 @@ def test_target_language_first_is_stated_by_the_data_section_only(tmp_path):
     loaded = load_config(tmp_path / CONFIG_FILE, saved=True)
     assert "target_language_first" not in loaded["model"]
     assert MODEL_TYPES["transformer"].properties(loaded)["target_language_first"]
+
+
+def test_the_schemas_positions_are_those_the_layer_builds():
+    from layers.transformer import POSITION_LAYERS
+    from pipeline.model_types.transformer import POSITIONS
+
+    assert POSITIONS == tuple(POSITION_LAYERS)

@@ -5,7 +5,7 @@ from pipeline.core.fields import Field, positive_int, rate
 from pipeline.model_types.model_type import DerivedProperty, ModelType
 
 ACTIVATIONS = ("relu", "gelu", "silu")  # Keras' names; gelu is the exact (erf) one
-# What layers.Transformer's `positions` takes (`Transformer.POSITION_LAYERS`, by a test).
+# What layers.Transformer's `positions` takes (its POSITION_LAYERS: test_model_properties).
 POSITIONS = ("sinusoidal", "learned", "sinusoidal_halves", "sinusoidal_fairseq")
 
 KEYS = {
