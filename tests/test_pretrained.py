@@ -431,11 +431,15 @@ def edit_config(**values):
             r"pytorch_model.bin: .*needs torch to read: pip install torch",
         ),
         (lambda d: (d / "config.json").write_text("{"), r"config.json: not readable JSON"),
-        (shard_as("model.safetensors", "model-00001-of-00002.safetensors"),
-         r"model-00002-of-00002.safetensors: missing"),
+        (
+            shard_as("model.safetensors", "model-00001-of-00002.safetensors"),
+            r"model-00002-of-00002.safetensors: missing",
+        ),
         (truncated("model.safetensors"), r"model.safetensors: not a readable safetensors file"),
-        (shard_as("pytorch_model.bin", "pytorch_model-00001-of-00002.bin"),
-         r"pytorch_model-00001-of-00002.bin: .*needs torch to read: pip install torch"),
+        (
+            shard_as("pytorch_model.bin", "pytorch_model-00001-of-00002.bin"),
+            r"pytorch_model-00001-of-00002.bin: .*needs torch to read: pip install torch",
+        ),
         (
             edit_json(GENERATION_CONFIG_FILE, repetition_penalty=1.2),
             r"generation_config.json: repetition_penalty 1.2 is not supported; the toolkit's "

@@ -1,8 +1,8 @@
-"""Imported M2M100 and NLLB checkpoints compute what transformers computes: the fixtures under
-tests/fixtures/hf_m2m (made by tools/hf_m2m_fixtures.py in a venv of its own, with torch and
-transformers, which this environment never has) hold small trained checkpoints of both
-tokenizer layouts and what transformers gave for them, each sentence with its source and
-target language: tokenizer ids, logits for forced targets, greedy and beam ids."""
+"""Imported M2M100, NLLB and mBART-50 checkpoints compute what transformers computes: the
+fixtures under tests/fixtures/hf_m2m (made by tools/hf_m2m_fixtures.py in a venv of its own,
+with torch and transformers, which this environment never has) hold small trained checkpoints
+of the three tokenizer layouts and what transformers gave for them, each sentence with its
+source and target language: tokenizer ids, logits for forced targets, greedy and beam ids."""
 
 import json
 import re
@@ -30,7 +30,7 @@ from pretrained_helpers import (
 )
 
 FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "hf_m2m"
-NAMES = ("m2m100", "nllb")
+NAMES = ("m2m100", "nllb", "mbart50")
 
 
 def expected(name):
@@ -163,15 +163,22 @@ def test_the_languages_are_the_checkpoints_codes(imported):
     assert all(texts) and not any("__" in text for text in texts)
 
 
-def test_an_unsupported_m2m_derivative_is_named(tmp_path):
+@pytest.mark.parametrize("name, file, key, value, message", [
+    ("nllb", "config.json", "num_experts", 4, "num_experts"),
+    # The first mBART's conventions: the language code after the source, decoding from the
+    # target's code.
+    ("mbart50", "tokenizer_config.json", "tokenizer_class", "MBartTokenizer",
+     "tokenizer MBartTokenizer is not supported: mBART checkpoints import with mBART-50's"),
+])  # fmt: skip
+def test_an_unsupported_derivative_is_named(tmp_path, name, file, key, value, message):
     import shutil
 
-    copy = tmp_path / "moe"
-    shutil.copytree(FIXTURES / "nllb", copy)
-    config = json.loads((copy / "config.json").read_text())
-    config["num_experts"] = 4
-    (copy / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UserError, match="num_experts"):
+    copy = tmp_path / "derivative"
+    shutil.copytree(FIXTURES / name, copy)
+    settings = json.loads((copy / file).read_text())
+    settings[key] = value
+    (copy / file).write_text(json.dumps(settings))
+    with pytest.raises(UserError, match=message):
         import_checkpoint(copy, tmp_path / "w", log=lambda _: None)
     assert not (tmp_path / "w").exists()
 
@@ -343,14 +350,15 @@ def by_direction(case):
     return indices_by(zip(case["source_languages"], case["target_languages"]))
 
 
-def test_node_gives_generates_translations_in_the_direction_asked(exported):
+@pytest.mark.parametrize("name", ["nllb", "mbart50"])
+def test_node_gives_generates_translations_in_the_direction_asked(exported, name):
     from helpers import node_example
 
     node, example = node_example("node")
-    case = expected("nllb")
+    case = expected(name)
     for (source, target), indices in by_direction(case).items():
         result = subprocess.run(
-            [node, "translate.mjs", str(exported / "nllb" / "onnx"),
+            [node, "translate.mjs", str(exported / name / "onnx"),
              *[case["sentences"][i] for i in indices], "--from", source, "--to", target],
             cwd=example, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
@@ -358,13 +366,14 @@ def test_node_gives_generates_translations_in_the_direction_asked(exported):
         assert result.stdout.split("\n")[: len(indices)] == [case["beam_texts"][i] for i in indices]
 
 
-def test_the_page_gives_generates_translations_in_the_direction_chosen(exported):
+@pytest.mark.parametrize("name", ["m2m100", "mbart50"])
+def test_the_page_gives_generates_translations_in_the_direction_chosen(exported, name):
     from test_web_example import page_translations
 
-    case = expected("m2m100")
+    case = expected(name)
     runs = {(source, target): (indices, ["--from", source, "--to", target])
             for (source, target), indices in by_direction(case).items()}  # fmt: skip
-    shown = page_translations(exported / "m2m100" / "onnx", case["sentences"], runs)
+    shown = page_translations(exported / name / "onnx", case["sentences"], runs)
     for direction, (indices, _) in runs.items():
         assert shown[direction] == [case["beam_texts"][i] for i in indices]
 
@@ -442,7 +451,10 @@ def test_ctranslate2_gives_generates_greedy_ids_and_beam_texts(imported, exporte
 
 
 MULTI30K = PROJECT_ROOT / "data" / "multi30k"
-CODES = {"nllb": {"deu_Latn": "de", "eng_Latn": "en", "fra_Latn": "fr"}}
+CODES = {
+    "nllb": {"deu_Latn": "de", "eng_Latn": "en", "fra_Latn": "fr"},
+    "mbart50": {"de_DE": "de", "en_XX": "en", "fr_XX": "fr"},
+}
 
 
 def references(name):
@@ -481,7 +493,8 @@ def direction_config(tmp_path, pairs, source, target, **train):
     return path
 
 
-def test_fine_tuning_pairs_are_those_transformers_trains_on(imported, tmp_path):
+@pytest.mark.parametrize("name", ["nllb", "mbart50"])
+def test_fine_tuning_pairs_are_those_transformers_trains_on(imported, tmp_path, name):
     """The training stream of a fine-tuning run gives each pair as transformers' tokenizer
     gives it to train on: the source after its language's token (</s> the model appends),
     the labels the target language's token, the pieces and </s>, decoding from </s>."""
@@ -490,15 +503,15 @@ def test_fine_tuning_pairs_are_those_transformers_trains_on(imported, tmp_path):
     from pipeline.data.dataset import StreamCounters, stream_training_examples
     from pipeline.train import inherited_overrides
 
-    case = expected("nllb")
-    ids = id_map("nllb", imported["nllb"])
-    _, _, tokenizer, _ = load_trained(imported["nllb"])
+    case = expected(name)
+    ids = id_map(name, imported[name])
+    _, _, tokenizer, _ = load_trained(imported[name])
     start, eos = ids.to_checkpoint[2], ids.to_checkpoint[3]
-    for (index, reference), labels in zip(references("nllb").items(), case["target_ids"]):
+    for (index, reference), labels in zip(references(name).items(), case["target_ids"]):
         pair = [(case["sentences"][index], reference)]
         languages = case["source_languages"][index], case["target_languages"][index]
         path = direction_config(tmp_path, pair, *languages)
-        data = load_config(path, inherited_overrides(path, [], imported["nllb"]))["data"]
+        data = load_config(path, inherited_overrides(path, [], imported[name]))["data"]
         corpora, _, _ = scan_training_corpora(data, log=lambda _: None)
         counters = StreamCounters(corpora, [0])
         stream, _ = stream_training_examples(corpora, tokenizer, tokenizer, data, counters, 0)
@@ -513,8 +526,9 @@ def test_fine_tuning_pairs_are_those_transformers_trains_on(imported, tmp_path):
         assert ids.checkpoint(inputs["target_input_ids"]) == [start, *labels[:-1]]
 
 
-@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
-def test_the_training_loss_is_transformers_loss(imported, label_smoothing):
+@pytest.mark.parametrize("name, label_smoothing", [("nllb", 0.0), ("nllb", 0.1),
+                                                   ("mbart50", 0.1)])  # fmt: skip
+def test_the_training_loss_is_transformers_loss(imported, name, label_smoothing):
     """The loss a fine-tuning run trains on (the training twin's, whose projection is
     chunked, and the plain model's) is transformers' cross-entropy of the forced targets:
     the ids the model never outputs take no share of the softmax, nor of label smoothing
@@ -523,15 +537,15 @@ def test_the_training_loss_is_transformers_loss(imported, label_smoothing):
 
     from pipeline.model_types.builder import build_model
 
-    config, model, _, _ = load_trained(imported["nllb"])
+    config, model, _, _ = load_trained(imported[name])
     config = copy.deepcopy(config)
     config["train"]["label_smoothing"] = label_smoothing
-    ids = id_map("nllb", imported["nllb"])
+    ids = id_map(name, imported[name])
     ours, theirs_columns = ids.output_columns(model.suppressed_ids)
     assert len(set(theirs_columns)) == len(theirs_columns)
     label_ids = dict(zip(theirs_columns, ours))
-    sources, _ = sources_and_prefixes("nllb", imported["nllb"])
-    case = expected("nllb")
+    sources, _ = sources_and_prefixes(name, imported[name])
+    case = expected(name)
     vocab = model.target_vocab_size
     models = [build_model(config, vocab, vocab, for_training=twin) for twin in (False, True)]
     for built in models:

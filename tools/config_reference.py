@@ -145,8 +145,10 @@ def model_section():
         if model_type.derived:
             entries = "\n".join(f"- `{key}`: {markdown_text(derived.meaning)}"
                                  for key, derived in model_type.derived.items())  # fmt: skip
-            parts.append("Properties of the model that other keys state (in model.json's "
-                         f"`description.properties` with the keys above):\n\n{entries}")
+            parts.append(
+                "Properties of the model that other keys state (in model.json's "
+                f"`description.properties` with the keys above):\n\n{entries}"
+            )
     return "\n\n".join(parts)
 
 

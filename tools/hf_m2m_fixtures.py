@@ -1,6 +1,6 @@
-"""Small random M2M100 and NLLB checkpoints (`model_type: m2m_100`), and what Hugging Face
-`transformers` computes with them: the fixtures of the many-to-many importer's tests
-(`tests/fixtures/hf_m2m/`).
+"""Small random M2M100 and NLLB checkpoints (`model_type: m2m_100`) and an mBART-50 one
+(`model_type: mbart`), and what Hugging Face `transformers` computes with them: the fixtures
+of the many-to-many importers' tests (`tests/fixtures/hf_m2m/`).
 
     runs/hf/venv/bin/python tools/hf_m2m_fixtures.py --out tests/fixtures/hf_m2m
     python3 tools/hf_m2m_fixtures.py --venv runs/hf/venv --out tests/fixtures/hf_m2m
@@ -12,8 +12,8 @@ imported. Seeded throughout; it overwrites `--out`.
    files, three directions (`DIRECTIONS`); test sentences from test_2016_flickr, the
    directions taking turns, then the edge cases of `hf_fixtures` (unknown characters, one
    word).
-2. One BPE SentencePiece model over the three languages (`sentencepiece.bpe.model`, ids as
-   fairseq's: <unk> 0, <s> 1, </s> 2), identity normaliser.
+2. One SentencePiece model over the three languages (`sentencepiece.bpe.model`, ids as
+   fairseq's: <unk> 0, <s> 1, </s> 2), identity normaliser: BPE, or unigram for mBART-50.
 3. The tokenizer files as each family ships them:
    - `m2m100`: `vocab.json`, fairseq's dictionary (<s> 0, <pad> 1, </s> 2, <unk> 3, then the
      pieces, in an order of their own: seeded shuffle, so that an importer has to map pieces
@@ -22,12 +22,17 @@ imported. Seeded throughout; it overwrites `--out`.
    - `nllb`: NllbTokenizer made from the SentencePiece model (ids: the model's + 1, <unk> 3),
      its 202 language codes (`deu_Latn`) as added tokens: `tokenizer.json` and
      `tokenizer_config.json` as transformers 5 writes them, `sentencepiece.bpe.model` as the
-     Hub's NLLB repositories hold it.
-4. `M2M100ForConditionalGeneration(M2M100Config(...))`, d_model 32 (see `FIXTURES`), trained
-   briefly with Adam on the three directions, each pair tokenised with its languages: the
-   source `[source language, pieces, </s>]`, the labels `[target language, pieces, </s>]`.
+     Hub's NLLB repositories hold it;
+   - `mbart50`: MBart50Tokenizer made alike (ids: the model's + 1), its 52 language codes
+     (`de_DE`) and `<mask>` after the pieces.
+4. `M2M100ForConditionalGeneration(M2M100Config(...))` or `MBartForConditionalGeneration(
+   MBartConfig(...))` (learned positions, `layernorm_embedding`, `final_logits_bias`), d_model
+   32 (see `FIXTURES`), trained briefly with Adam on the three directions, each pair tokenised
+   with its languages: the source `[source language, pieces, </s>]`, the labels `[target
+   language, pieces, </s>]`.
 5. `generation_config.json`: num_beams 4, max_length 64, decoding from </s> (id 2); the
-   target language is forced as the first token (`forced_bos_token_id`) at generation.
+   target language is forced as the first token (`forced_bos_token_id`) at generation;
+   mBART-50's also `forced_eos_token_id` and `early_stopping` as its Hub checkpoints have them.
 6. `expected.json`, with the checkpoint reloaded from disk, float32, each sentence alone:
    `sentences`, `source_languages`, `target_languages`, `source_ids`; `target_ids` (labels)
    for the first TARGET_TEXTS; `forced` logits (decoder input: </s>, the labels shifted
@@ -65,6 +70,7 @@ SPM_PIECES = 480
 CODES = {
     "m2m100": {"de": "de", "en": "en", "fr": "fr"},
     "nllb": {"de": "deu_Latn", "en": "eng_Latn", "fr": "fra_Latn"},
+    "mbart50": {"de": "de_DE", "en": "en_XX", "fr": "fr_XX"},
 }
 BASE = dict(
     d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
@@ -75,6 +81,9 @@ FIXTURES = {
     "m2m100": dict(model=BASE),
     "nllb": dict(model={**BASE, "decoder_layers": 1, "decoder_attention_heads": 2,
                         "decoder_ffn_dim": 48}),
+    # mBART's SentencePiece model (XLM-R's) is a unigram one, which MBart50Tokenizer assumes.
+    "mbart50": dict(model={**BASE, "activation_function": "gelu"}, spm_type="unigram",
+                    generation=dict(forced_eos_token_id=2, early_stopping=True)),
 }  # fmt: skip
 TRAINING = hf_fixtures.TRAINING  # one training recipe for every fixture
 
@@ -101,13 +110,14 @@ def test_cases():
 
 def tokenizer_files(name, directory, spm_path):
     """Writes the family's tokenizer files into `directory`: its tokenizer."""
-    from transformers import M2M100Tokenizer, NllbTokenizer
-    from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
+    from transformers import M2M100Tokenizer, MBart50Tokenizer, NllbTokenizer
 
     shutil.copy(spm_path, directory / "sentencepiece.bpe.model")
     if name == "nllb":
-        codes = FAIRSEQ_LANGUAGE_CODES
+        codes = language_tokens(name)
         tokenizer = NllbTokenizer.from_pretrained(str(directory), extra_special_tokens=codes)
+    elif name == "mbart50":
+        tokenizer = MBart50Tokenizer.from_pretrained(str(directory))
     else:
         import sentencepiece
 
@@ -129,9 +139,21 @@ def language_tokens(name):
         from transformers.models.m2m_100.tokenization_m2m_100 import FAIRSEQ_LANGUAGE_CODES
 
         return [f"__{code}__" for code in FAIRSEQ_LANGUAGE_CODES["m2m100"]]
-    from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
+    if name == "mbart50":
+        from transformers.models.mbart50.tokenization_mbart50 import FAIRSEQ_LANGUAGE_CODES
+    else:
+        from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
 
     return list(FAIRSEQ_LANGUAGE_CODES)
+
+
+def model_classes(name):
+    """(config class, model class) of the fixture's family."""
+    import transformers
+
+    if name == "mbart50":
+        return transformers.MBartConfig, transformers.MBartForConditionalGeneration
+    return transformers.M2M100Config, transformers.M2M100ForConditionalGeneration
 
 
 def encode(tokenizer, text, source, target=None, reference=None):
@@ -142,8 +164,9 @@ def encode(tokenizer, text, source, target=None, reference=None):
 
 
 def make_fixture(name, spec, out, log):
-    from transformers import GenerationConfig, M2M100Config, M2M100ForConditionalGeneration
+    from transformers import GenerationConfig
 
+    config_class, model_class = model_classes(name)
     started = time.time()
     log(f"{name}:")
     hf_fixtures.set_seed(SEED)
@@ -156,20 +179,20 @@ def make_fixture(name, spec, out, log):
         work = Path(work)
         every = [line for language in codes for line in lines[language]]
         hf_fixtures.train_spm(every, SPM_PIECES, work / "sentencepiece.bpe.model", "identity", work,
-                              model_type="bpe")  # fmt: skip
+                              model_type=spec.get("spm_type", "bpe"))  # fmt: skip
         tokenizer = tokenizer_files(name, directory, work / "sentencepiece.bpe.model")
 
     if name == "m2m100":  # the dictionary, the language tokens, the "madeupword"s
         size = len(tokenizer.encoder) + len(tokenizer.lang_token_to_id) + 8
     else:
         size = max(tokenizer.get_vocab().values()) + 1
-    config = M2M100Config(
+    config = config_class(
         vocab_size=size, pad_token_id=1, bos_token_id=0, eos_token_id=2,
         decoder_start_token_id=2, max_position_embeddings=MAX_POSITIONS, dropout=0.1,
         **spec["model"],
     )  # fmt: skip
     hf_fixtures.set_seed(SEED)
-    model = M2M100ForConditionalGeneration(config)
+    model = model_class(config)
     log(f"  vocab {size}, {sum(p.numel() for p in model.parameters())} parameters")
     pairs = []
     for source, target in DIRECTIONS:
@@ -179,7 +202,7 @@ def make_fixture(name, spec, out, log):
     hf_fixtures.train(model, pairs, 1, TRAINING, log)
     model.generation_config = GenerationConfig(
         num_beams=4, max_length=MAX_LENGTH, decoder_start_token_id=2, bos_token_id=0,
-        eos_token_id=2, pad_token_id=1,
+        eos_token_id=2, pad_token_id=1, **spec.get("generation", {}),
     )  # fmt: skip
     model.save_pretrained(str(directory))
     for path in directory.iterdir():
@@ -200,11 +223,10 @@ def expected(directory, name, tests, log):
     import numpy as np
     import torch
     import transformers
-    from transformers import AutoTokenizer, M2M100ForConditionalGeneration
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(directory))
-    model = M2M100ForConditionalGeneration.from_pretrained(str(directory),
-                                                           dtype=torch.float32).eval()  # fmt: skip
+    model = model_classes(name)[1].from_pretrained(str(directory), dtype=torch.float32).eval()
     codes = CODES[name]
     start = model.config.decoder_start_token_id
     result = {
@@ -288,11 +310,10 @@ def capped_beams(directory, name):
     CAPPED_MAX_LENGTH: beams that reach it are finished there and rank with those that
     ended by their scores, which the importer's search must do alike."""
     import torch
-    from transformers import AutoTokenizer, M2M100ForConditionalGeneration
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(directory))
-    model = M2M100ForConditionalGeneration.from_pretrained(str(directory),
-                                                           dtype=torch.float32).eval()  # fmt: skip
+    model = model_classes(name)[1].from_pretrained(str(directory), dtype=torch.float32).eval()
     case = json.loads((directory / "expected.json").read_text())
     ids, scores = [], []
     for source, code in zip(case["source_ids"], case["target_languages"]):

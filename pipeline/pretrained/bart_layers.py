@@ -54,6 +54,9 @@ TARGET_EMBEDDING = ("model.decoder.embed_tokens.weight", "model.shared.weight")
 OUTPUT_EMBEDDING = ("lm_head.weight",)
 # Weights read for what they are not: the fixed sinusoids, which the Keras model computes.
 IGNORED = re.compile(r"model\.(en|de)coder\.embed_positions\.weights?")
+# fairseq's learned positions (mBART's) start at this row of their table: position p is row
+# p + 2, the rows below never read.
+LEARNED_POSITION_OFFSET = 2
 
 
 def config_value(config, key, default=None):
@@ -165,6 +168,8 @@ def _laid_out(array, layout, heads):
         return array
     if layout == "transposed":
         return array.T
+    if layout == "learned_positions":  # [offset + positions, width] -> [positions, width]
+        return array[LEARNED_POSITION_OFFSET:]
     if layout == "heads":
         return array.reshape(heads, -1)
     if layout == "heads_in":  # [heads * depth, in] -> [in, heads, depth]

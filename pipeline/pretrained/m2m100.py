@@ -69,9 +69,9 @@ def model_settings(config):
     }
 
 
-def language_code(token):
-    """The language code a language token stands for, or None."""
-    for pattern in LANGUAGE_TOKENS:
+def language_code(token, patterns=LANGUAGE_TOKENS):
+    """The language code a language token stands for (by the family's `patterns`), or None."""
+    for pattern in patterns:
         if match := pattern.fullmatch(token):
             return match[1]
     return None
@@ -121,11 +121,23 @@ def table(checkpoint, spm_proto):
 
 def convert(checkpoint):
     """The `Imported` model of an M2M100 or NLLB checkpoint directory."""
+    return many_to_many(
+        checkpoint, MODEL_TYPE, model_settings(checkpoint.config), FINAL_NORMS, LANGUAGE_TOKENS,
+        # M2M100Tokenizer's decoding strips a translation's edge spaces, NllbTokenizer's keeps them.
+        strip_translation_spaces=_is_m2m100(checkpoint),
+    )  # fmt: skip
+
+
+def many_to_many(checkpoint, family, settings, extra_weights, language_tokens,
+                 strip_translation_spaces):  # fmt: skip
+    """The `Imported` model of a checkpoint of fairseq's many-to-many conventions (a source
+    `[language token, pieces, </s>]`, decoding from `</s>` with the target's language token
+    forced first): `settings`, its `model` keys; `extra_weights`, its weights outside the
+    layers (`bart_layers.arrays`); `language_tokens`, the patterns of its language tokens."""
     config = checkpoint.config
-    settings = model_settings(config)
     spm_proto = checkpoint.bytes(SPM_FILE)
     rows = table(checkpoint, spm_proto)
-    tags = {code: token for token in rows if (code := language_code(token))}
+    tags = {code: token for token in rows if (code := language_code(token, language_tokens))}
     if not tags:
         raise UnusableFileError(checkpoint.directory, "no language tokens in the tokenizer's "
                                 f"files ({TOKENIZER_FILE}, tokenizer_config.json)")  # fmt: skip
@@ -142,15 +154,14 @@ def convert(checkpoint):
     generation = checkpoint.json(GENERATION_CONFIG_FILE, required=False)
     spellings = {token: "\u2581" + token for token in tags.values()}
     return Imported(
-        family=MODEL_TYPE,
+        family=family,
         model=settings,
         suppressed_ids=space.suppressed,
         source_model=vocabulary.side_model(space, spm_proto, spellings),
         target_model=vocabulary.side_model(space, spm_proto, spellings),
-        weights=bart_layers.arrays(weights, settings, space, space, "M2M100", FINAL_NORMS),
+        weights=bart_layers.arrays(weights, settings, space, space, family, extra_weights),
         search=generate_settings(config, generation),
         languages={"source_tags": tags, "target_tokens": tags},
         unproducible=[],
-        # M2M100Tokenizer's decoding strips a translation's edge spaces, NllbTokenizer's keeps them.
-        strip_translation_spaces=_is_m2m100(checkpoint),
+        strip_translation_spaces=strip_translation_spaces,
     )
