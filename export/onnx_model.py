@@ -21,7 +21,7 @@ import onnx
 import tf2onnx
 
 from export.int8 import write_int8
-from export.onnx_rewrites import optimise_loops
+from export.onnx_rewrites import optimise_loops, set_location
 from export.serving_graph import WEIGHT_INPUT
 from export.signature import METADATA_FILE, TARGET_PREFIX
 from pipeline.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -35,6 +35,7 @@ FORMAT_VERSION = 1
 # it, EXTERNAL_DATA_FILE (the int8 model in its own, named after it by ONNX Runtime).
 EXTERNAL_DATA_ABOVE_BYTES = 512 << 20
 EXTERNAL_DATA_FILE = "model.onnx.data"
+WEIGHTS_FILE = "weights.partial"  # the weights, while the export rewrites the model
 
 
 def _add_input_defaults(model, defaults, prefix_required=False):
@@ -178,27 +179,58 @@ def convert_to_onnx(function, opset):
             return convert()[0]
 
 
-def _weights_as_initializers(model, variables):
+def _weights_as_initializers(model, variables, weights_file):
     """`model`, converted with the weights as its inputs `WEIGHT_INPUT` (`variables`' order),
-    with each of them an initializer instead, so that the process held the weights once
-    while tf2onnx converted a graph without them (freezing them, it held them several times
-    over: a 600M-parameter model outgrew 24 GiB)."""
+    with each of them an initializer instead whose data is in `weights_file`, written a
+    tensor at a time. tf2onnx converted a graph without the weights (freezing them, it held
+    them many times over), and the rewrites move initializers between graphs, which copies
+    them: the model holds none of the weights until it is written (`_gather_tensors`)."""
     weights = {WEIGHT_INPUT.format(i): variable for i, variable in enumerate(variables)}
     read = [node for node in model.graph.input if node.name in weights]
-    for node in read:
-        array = np.asarray(weights[node.name].numpy())
-        model.graph.initializer.append(onnx.numpy_helper.from_array(array, node.name))
+    with open(weights_file, "wb") as data:
+        for node in read:
+            array = np.ascontiguousarray(weights[node.name].numpy())
+            tensor = onnx.TensorProto(
+                name=node.name,
+                data_type=onnx.helper.np_dtype_to_tensor_dtype(array.dtype),
+                dims=array.shape,
+            )
+            set_location(tensor, weights_file.name, data.tell(), array.nbytes)
+            data.write(array.tobytes())
+            model.graph.initializer.append(tensor)
     others = [node for node in model.graph.input if node.name not in weights]
     del model.graph.input[:]
     model.graph.input.extend(others)
     return model
 
 
+def _gather_tensors(model, directory, weights_file, external_data):
+    """Moves the tensors the model still reads from `weights_file` (in `directory`) into the
+    model, or with `external_data` into EXTERNAL_DATA_FILE, one at a time (what the rewrites
+    dropped is left behind); removes `weights_file`."""
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    kept = [tensor for tensor in _get_all_tensors(model) if uses_external_data(tensor)]
+    target = open(directory / EXTERNAL_DATA_FILE, "wb") if external_data else None
+    with target or contextlib.nullcontext() as data:
+        for tensor in kept:
+            array = onnx.numpy_helper.to_array(tensor, str(directory))
+            if external_data:
+                set_location(tensor, EXTERNAL_DATA_FILE, data.tell(), array.nbytes)
+                data.write(array.tobytes())
+            else:
+                del tensor.external_data[:]
+                tensor.data_location = onnx.TensorProto.DEFAULT
+                tensor.raw_data = array.tobytes()
+    weights_file.unlink()
+
+
 def _save(model, path, external_data):
-    """Writes and checks `model` (over the protobuf limit: its tensors in EXTERNAL_DATA_FILE)."""
+    """Writes and checks `model` (over the protobuf limit: its tensors in EXTERNAL_DATA_FILE,
+    after those `_gather_tensors` wrote there); checked by path, not through a copy."""
     if not external_data:
-        onnx.checker.check_model(model)
         onnx.save(model, str(path))
+        onnx.checker.check_model(str(path))
         return
     onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=EXTERNAL_DATA_FILE, size_threshold=1024)  # fmt: skip
@@ -208,18 +240,19 @@ def _save(model, path, external_data):
 def write_onnx(graph, directory, vocabulary_paths, opset, int8=True, languages=None,
                description=None, search="beam"):  # fmt: skip
     """Converts `graph.beam_search` (a `TranslationGraph`), or with `search` "greedy" its
-    `greedy_search()`, into `directory`, with its int8 twin if `int8`; `languages`: how
+    greedy search, into `directory`, with its int8 twin if `int8`; `languages`: how
     requests name the model's languages (`multilingual.model_languages`); `description`:
     {"name", "type", "parameters"} of the model, for runtimes to show."""
     greedy = search == "greedy"
     defaults = graph.greedy_defaults if greedy else graph.defaults
     external_data = graph.weight_bytes > EXTERNAL_DATA_ABOVE_BYTES
-    # A large model is converted without its weights, which join it as initializers after.
-    function = graph.search_function(greedy, with_weight_inputs=external_data)
+    # Converted without its weights, which join it as initializers after.
+    function = graph.search_function(greedy, with_weight_inputs=True)
     model = convert_to_onnx(function, opset)
-    if external_data:
-        model = _weights_as_initializers(model, graph.weight_variables())
-    optimise_loops(model.graph)
+    weights_file = directory / WEIGHTS_FILE
+    model = _weights_as_initializers(model, graph.weight_variables(), weights_file)
+    optimise_loops(model.graph, weights_file)
+    _gather_tensors(model, directory, weights_file, external_data)
     _add_input_defaults(model, defaults, graph.prefix_required)
     model.doc_string = f"Attentional encoder-decoder with {search} search (seq2seq-tf)"
     _save(model, directory / MODEL_FILE, external_data)

@@ -12,17 +12,53 @@ from onnx import helper, numpy_helper
 MAX_PROJECTED_TABLE_BYTES = 64 << 20
 
 
-def optimise_loops(graph):
-    """Applies every rewrite below to `graph`; returns how many changes each made."""
+def optimise_loops(graph, tensor_file=None):
+    """Applies every rewrite below to `graph`; returns how many changes each made. With
+    `tensor_file` (a path), the initializers outside the model are there and the large ones a
+    rewrite makes join them (`set_location`): moving them between graphs copies no data."""
     return {
         "hoisted": hoist_loop_invariants(graph),
         "selects": selects_as_where(graph),
-        "folded_transposes": fold_constant_transposes(graph),
-        "projected": project_embeddings(graph),
-        "layer_norms": fuse_layer_norms(graph),
+        "folded_transposes": fold_constant_transposes(graph, tensor_file),
+        "projected": project_embeddings(graph, tensor_file=tensor_file),
+        "layer_norms": fuse_layer_norms(graph, tensor_file),
         "hoisted_nodes": hoist_invariant_nodes(graph),
         "moved_initializers": move_initializers_into_loops(graph),
     }
+
+
+# An initializer a rewrite makes goes to the `tensor_file` from this size.
+OUTSIDE_FROM_BYTES = 1 << 20
+
+
+def set_location(tensor, location, offset, length):
+    """Points `tensor` at `length` bytes of the file `location` (relative to the model's
+    folder) from `offset`."""
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", offset), ("length", length)):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, str(value)
+
+
+def _array(tensor, tensor_file):
+    """An initializer's value, read from `tensor_file`'s folder where it is kept outside."""
+    return numpy_helper.to_array(tensor, str(tensor_file.parent) if tensor_file else "")
+
+
+def _initializer(array, name, tensor_file):
+    """An initializer of `array`: appended to `tensor_file` where there is one and the array
+    is large, else held in the model."""
+    if tensor_file is None or array.nbytes < OUTSIDE_FROM_BYTES:
+        return numpy_helper.from_array(array, name)
+    array = np.ascontiguousarray(array)
+    tensor = onnx.TensorProto(
+        name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype), dims=array.shape
+    )
+    with open(tensor_file, "ab") as data:
+        set_location(tensor, tensor_file.name, data.tell(), array.nbytes)
+        data.write(array.tobytes())
+    return tensor
 
 
 def _node_graphs(node):
@@ -115,7 +151,7 @@ def hoist_loop_invariants(graph):
     return hoisted
 
 
-def fold_constant_transposes(graph):
+def fold_constant_transposes(graph, tensor_file=None):
     """Replaces each `Transpose` of a constant by the transposed constant, an initializer of
     the transpose's own graph; returns how many.
 
@@ -133,8 +169,8 @@ def fold_constant_transposes(graph):
             if value is None or value.data_type != onnx.TensorProto.FLOAT:
                 continue
             permutation = _attribute(node, "perm")
-            array = np.transpose(numpy_helper.to_array(value), permutation)
-            inner.initializer.append(numpy_helper.from_array(array, node.output[0]))
+            array = np.transpose(_array(value, tensor_file), permutation)
+            inner.initializer.append(_initializer(array, node.output[0], tensor_file))
             removed.append(k)
         _delete(inner.node, removed)
         folded += len(removed)
@@ -210,17 +246,17 @@ def _attribute(node, name, default=None):
     return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
 
 
-def _constant_array(constants, producer, name):
+def _constant_array(constants, producer, name, tensor_file=None):
     """The value of `name` if it is an initializer in scope or a `Constant` node's output."""
     if name in constants:
-        return numpy_helper.to_array(constants[name])
+        return _array(constants[name], tensor_file)
     node = producer.get(name)
     if node is not None and node.op_type == "Constant" and node.attribute[0].name == "value":
         return numpy_helper.to_array(node.attribute[0].t)
     return None
 
 
-def fuse_layer_norms(graph):
+def fuse_layer_norms(graph, tensor_file=None):
     """Rewrites the layer normalisation tf2onnx writes for Keras' `LayerNormalization` (13
     nodes: the moments, then `x * (gamma / sqrt(var + eps)) + (beta - mean * gamma / ...)`)
     as one ONNX `LayerNormalization` over the last axis; returns how many.
@@ -237,7 +273,7 @@ def fuse_layer_norms(graph):
         readers = _readers(nodes)
         replacements, removed = {}, set()
         for mean in (node for node in nodes if node.op_type == "ReduceMean"):
-            match = _layer_norm(inner, mean, readers, reads, producer, constants)
+            match = _layer_norm(inner, mean, readers, reads, producer, constants, tensor_file)
             if match is None:
                 continue
             pattern, (x, gamma, beta, axis, epsilon) = match
@@ -271,7 +307,7 @@ def _without_unread(nodes, outputs, removable):
         nodes = kept
 
 
-def _layer_norm(graph, mean, readers, reads, producer, constants):
+def _layer_norm(graph, mean, readers, reads, producer, constants, tensor_file):
     """The nodes of a layer normalisation starting at `mean` (the last one writes its output)
     and its (x, gamma, beta, axis, epsilon), or None."""
 
@@ -306,7 +342,9 @@ def _layer_norm(graph, mean, readers, reads, producer, constants):
         chain.append(step[0])
         name = step[0].output[0]
     plus_epsilon, _, _, scaled = chain
-    epsilon = _constant_array(constants, producer, other_input(plus_epsilon, variance[0].output[0]))
+    epsilon = _constant_array(
+        constants, producer, other_input(plus_epsilon, variance[0].output[0]), tensor_file
+    )
     gamma = other_input(scaled, chain[2].output[0])
     scaling = only(scaled.output[0], "Mul", count=2)
     if epsilon is None or epsilon.size != 1 or gamma is None or scaling is None:
@@ -324,20 +362,22 @@ def _layer_norm(graph, mean, readers, reads, producer, constants):
     if beta is None or set(total.input) != {x_scaled.output[0], shift.output[0]}:
         return None
     (axis,) = axes
-    weights = [_vector(name, axis, producer, constants, graph) for name in (gamma, beta)]
+    weights = [
+        _vector(name, axis, producer, constants, graph, tensor_file) for name in (gamma, beta)
+    ]
     if None in weights:
         return None
     pattern = [mean, negation, centred, square[0], variance[0], *chain, *scaling, shift, total]
     return pattern, (x, *weights, axis, float(epsilon.reshape(())))
 
 
-def _vector(name, axis, producer, constants, graph):
+def _vector(name, axis, producer, constants, graph, tensor_file):
     """The 1-D vector that `name` broadcasts along `axis`, the last of its rank (Keras
     reshapes gamma and beta to `[1, ..., 1, size]`): its name (a constant's is a new
     initializer of `graph`), or None."""
     reshape = producer.get(name)
     if reshape is not None and reshape.op_type == "Reshape":
-        shape = _constant_array(constants, producer, reshape.input[1])
+        shape = _constant_array(constants, producer, reshape.input[1], tensor_file)
         if (
             shape is not None
             and shape.ndim == 1
@@ -346,7 +386,7 @@ def _vector(name, axis, producer, constants, graph):
         ):
             return reshape.input[0]
         return None
-    array = _constant_array(constants, producer, name)
+    array = _constant_array(constants, producer, name, tensor_file)
     if (
         array is None
         or array.ndim < 1
@@ -453,7 +493,7 @@ def move_initializers_into_loops(graph):
     return len(moving)
 
 
-def project_embeddings(graph, max_table_bytes=MAX_PROJECTED_TABLE_BYTES):
+def project_embeddings(graph, max_table_bytes=MAX_PROJECTED_TABLE_BYTES, tensor_file=None):
     """Rewrites a lookup in a constant table followed by a product with constant weights (and
     a constant bias), MatMul(Gather(E, ids), W) [+ b], as a lookup in the table E @ W + b,
     computed here in float64; returns how many.
@@ -464,14 +504,14 @@ def project_embeddings(graph, max_table_bytes=MAX_PROJECTED_TABLE_BYTES):
     bias computed in the step (a Keras GRU splits its own) stays an addition.
     """
     projected = sum(
-        _project_lookups(scopes[-1], _constants(scopes), max_table_bytes)
+        _project_lookups(scopes[-1], _constants(scopes), max_table_bytes, tensor_file)
         for scopes in _scopes(graph)
     )
     _drop_unread_initializers(graph)
     return projected
 
 
-def _project_lookups(graph, constants, max_table_bytes):
+def _project_lookups(graph, constants, max_table_bytes, tensor_file):
     """`project_embeddings` in one graph, with the constants its nodes can read."""
     nodes = list(graph.node)  # held, so that their ids stay theirs
     position = {id(node): k for k, node in enumerate(nodes)}
@@ -488,7 +528,7 @@ def _project_lookups(graph, constants, max_table_bytes):
         value = constants.get(name)
         if value is None or value.data_type != onnx.TensorProto.FLOAT or len(value.dims) != rank:
             return None
-        return numpy_helper.to_array(value)
+        return _array(value, tensor_file)
 
     removed, projected = [], 0
     for gather in [node for node in nodes if node.op_type == "Gather"]:
@@ -510,7 +550,7 @@ def _project_lookups(graph, constants, max_table_bytes):
                 projection += bias
                 last = bias_add
         name = f"{last.output[0]}/projected_table"
-        graph.initializer.append(numpy_helper.from_array(projection.astype(np.float32), name))
+        graph.initializer.append(_initializer(projection.astype(np.float32), name, tensor_file))
         gather.input[0], gather.output[0] = name, last.output[0]
         removed += {position[id(product)], position[id(last)]}
         projected += 1

@@ -173,10 +173,10 @@ class TranslationGraph(tf.Module):
     batch's longest limit. Sources are cut at `decode.max_source_length`; ids outside the
     vocabulary read as <unk>; an all-padding source gives ids all 0, length 0 and score 0.
 
-    `greedy_search()` (ONNX only, `export.onnx_search: greedy`): `beam_search` with the greedy
-    search alone, whose loop is a fraction of the beam search's; its inputs are the source ids,
-    the prefix and `GREEDY_EXPORTED_OPTIONS`, the other options as configured, and its
-    outputs are `beam_search`'s with n = 1.
+    `search_function(greedy_only=True)` (ONNX only, `export.onnx_search: greedy`):
+    `beam_search` with the greedy search alone, whose loop is a fraction of the beam search's;
+    its inputs are the source ids, the prefix and `GREEDY_EXPORTED_OPTIONS`, the other options
+    as configured, and its outputs are `beam_search`'s with n = 1.
 
     `beam_search` takes an optional `target_prefix` (`export.signature.TARGET_PREFIX`), and
     `translate_with_prefix` is `translate` with a text prefix per sentence: what each
@@ -249,7 +249,6 @@ class TranslationGraph(tf.Module):
 
         self.search_function = search_function
         self.weight_variables = lambda: variables
-        self.greedy_search = lambda: search_function(greedy_only=True)
 
         def translate_text(sentences, target_prefix):
             pieces = self.source_tokenizer.tokenize(sentences)[:, :max_source_length]

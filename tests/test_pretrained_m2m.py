@@ -209,10 +209,24 @@ def test_a_large_models_export_is_split_as_its_formats_allow(exported):
     """Beyond what one file may hold (a 2 GiB protobuf) or should (a multi-gigabyte variables
     file): the ONNX models' tensors beside them, the SavedModel's variables in shards; the
     runtimes that read them are the tests below."""
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors
+
+    from export.onnx_model import WEIGHTS_FILE
+
     onnx_dir = exported / LARGE_EXPORT / "onnx"
     assert json.loads((onnx_dir / "model.json").read_text())["external_data"]
     for model in ("model.onnx", "model.int8.onnx"):
         assert (onnx_dir / f"{model}.data").stat().st_size > 100_000, model
+    # The weights the export rewrote the model beside are gone, and the tensors file holds
+    # the tensors the model reads and nothing else (no weight a rewrite replaced).
+    assert not (onnx_dir / WEIGHTS_FILE).exists()
+    model = onnx.load(str(onnx_dir / "model.onnx"), load_external_data=False)
+    spans = sorted((info.offset, info.length) for info in map(ExternalDataInfo, _get_all_tensors(
+        model)) if info.location)  # fmt: skip
+    gaps = [start - (previous + length) for (previous, length), (start, _) in zip(spans, spans[1:])]
+    assert min(gaps) >= 0 and max(gaps) < 4096  # at most an alignment apart
+    assert (onnx_dir / "model.onnx.data").stat().st_size - sum(spans[-1]) < 4096
     variables = exported / LARGE_EXPORT / "saved_model" / "translator" / "1" / "variables"
     assert len(list(variables.glob("variables.data-*"))) > 1
     assert not json.loads((exported / "m2m100" / "onnx" / "model.json").read_text())[
