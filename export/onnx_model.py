@@ -196,7 +196,7 @@ def _weights_as_initializers(model, variables, weights_file):
                 dims=array.shape,
             )
             set_location(tensor, weights_file.name, data.tell(), array.nbytes)
-            data.write(array.tobytes())
+            data.write(array.data)  # no copy: the array is contiguous
             model.graph.initializer.append(tensor)
     others = [node for node in model.graph.input if node.name not in weights]
     del model.graph.input[:]
@@ -217,7 +217,7 @@ def _gather_tensors(model, directory, weights_file, external_data):
             array = onnx.numpy_helper.to_array(tensor, str(directory))
             if external_data:
                 set_location(tensor, EXTERNAL_DATA_FILE, data.tell(), array.nbytes)
-                data.write(array.tobytes())
+                data.write(np.ascontiguousarray(array).data)
             else:
                 del tensor.external_data[:]
                 tensor.data_location = onnx.TensorProto.DEFAULT

@@ -57,7 +57,7 @@ def _initializer(array, name, tensor_file):
     )
     with open(tensor_file, "ab") as data:
         set_location(tensor, tensor_file.name, data.tell(), array.nbytes)
-        data.write(array.tobytes())
+        data.write(array.data)  # no copy: the array is contiguous
     return tensor
 
 
