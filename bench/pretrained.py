@@ -7,7 +7,7 @@ import, and the import and export of NLLB's shape.
     python bench/pretrained.py fine-tune [--root runs/pretrained] [--pretrain-steps 800]
         [--minutes 10]
     python bench/pretrained.py fine-tune-m2m [--root runs/pretrained] [--minutes 10]
-    python bench/pretrained.py size [--root runs/pretrained]
+    python bench/pretrained.py size [--shape nllb-600m|nllb-1.3b] [--root runs/pretrained]
 
 The checkpoints are made by transformers in the venv of `tools/hf_fixtures.py` (`--hf-venv`,
 made when missing); torch never enters the project's environment.
@@ -46,7 +46,8 @@ No transformers needed.
 
 size: a random checkpoint of NLLB-200-distilled-600M's shape (12 + 12 layers, d_model 1024, 16
 heads, FFN 4096, 256,206 embedding rows; an NLLB tokenizer over a SentencePiece model trained
-on Multi30k, the rows past it unused) is imported (time, peak memory against the weights) and
+on Multi30k, the rows past it unused), or with `--shape nllb-1.3b` NLLB-200-distilled-1.3B's
+(24 + 24 layers, FFN 8192), is imported (time, peak memory against the weights) and
 exported as a SavedModel and to ONNX, float32 and int8 (time, peak memory, the files written);
 each export then translates a sentence in a process of its own (ONNX Runtime, the SavedModel
 through TF Serving's session loader, the REST server on the float32 and the int8 ONNX model).
@@ -666,12 +667,19 @@ NLLB_600M = dict(
     decoder_attention_heads=16, encoder_ffn_dim=4096, decoder_ffn_dim=4096, vocab_size=256_206,
     max_position_embeddings=1024, scale_embedding=True, activation_function="relu",
 )  # fmt: skip
+# --shape: the config.json of size's checkpoint.
+NLLB_SHAPES = {
+    "nllb-600m": NLLB_600M,
+    "nllb-1.3b": {**NLLB_600M, "encoder_layers": 24, "decoder_layers": 24,
+                  "encoder_ffn_dim": 8192, "decoder_ffn_dim": 8192},
+}  # fmt: skip
 NLLB_PIECES = 8000  # the SentencePiece model's; the embedding rows past it stay unused
 NLLB_DIRECTION = ("deu_Latn", "fra_Latn")  # the speed runs' languages
 
 
-def write_nllb_checkpoint(directory):
-    """A random NLLB_600M checkpoint in the Hugging Face layout (in the transformers venv)."""
+def write_nllb_checkpoint(directory, shape="nllb-600m"):
+    """A random checkpoint of NLLB_SHAPES[`shape`] in the Hugging Face layout (in the
+    transformers venv)."""
     import tempfile
 
     import hf_m2m_fixtures
@@ -687,14 +695,14 @@ def write_nllb_checkpoint(directory):
                               work, model_type="bpe")  # fmt: skip
         hf_m2m_fixtures.tokenizer_files("nllb", directory, work / "sentencepiece.bpe.model")
     config = M2M100Config(pad_token_id=1, bos_token_id=0, eos_token_id=2,
-                          decoder_start_token_id=2, **NLLB_600M)  # fmt: skip
+                          decoder_start_token_id=2, **NLLB_SHAPES[shape])  # fmt: skip
     model = M2M100ForConditionalGeneration(config)
     log(f"{directory.name}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters")
     model.generation_config = GenerationConfig(
         num_beams=BEAM_SIZE, max_length=200, decoder_start_token_id=2, bos_token_id=0,
         eos_token_id=2, pad_token_id=1,
     )  # fmt: skip
-    model.save_pretrained(str(directory))
+    model.save_pretrained(str(directory), max_shard_size="20GB")  # one file, as the bench reads
 
 
 SENTENCE = "Ein Hund läuft über eine Wiese."
@@ -746,19 +754,20 @@ def rest_server_check(exported, int8):
         f"{peak / 1024:.0f} MB after a translation")  # fmt: skip
 
 
-def nllb_checkpoint(args):
-    """The random NLLB_600M checkpoint, made by `write_nllb_checkpoint` unless it exists."""
-    source = args.root.resolve() / "nllb-600m"
+def nllb_checkpoint(args, shape="nllb-600m"):
+    """The random checkpoint of NLLB_SHAPES[`shape`], made by `write_nllb_checkpoint` unless
+    it exists."""
+    source = args.root.resolve() / shape
     if not (source / "model.safetensors").exists():
         shutil.rmtree(source, ignore_errors=True)
-        run([hf_python(args), __file__, "_nllb_checkpoint", source])
+        run([hf_python(args), __file__, "_nllb_checkpoint", source, shape])
     return source
 
 
 def nllb_size(args):
-    """Import and export at NLLB-200-distilled-600M's shape (see the module's docstring)."""
-    source = nllb_checkpoint(args)
-    workdir = args.root / "nllb-600m-import"
+    """Import and export at NLLB's shape `--shape` (see the module's docstring)."""
+    source = nllb_checkpoint(args, args.shape)
+    workdir = args.root / f"{args.shape}-import"
     weights = import_measured(source, workdir)["weights_mb"]
     set_decode(workdir, max_length_cap=16)  # random weights: the checks translate a few tokens
     seconds, peak = measured([sys.executable, "-m", "export", "--workdir", workdir,
@@ -781,7 +790,7 @@ def main():
         import transformers
 
         transformers.logging.set_verbosity_error()
-        write_nllb_checkpoint(Path(sys.argv[2]))
+        write_nllb_checkpoint(Path(sys.argv[2]), *sys.argv[3:])
         return
     if len(sys.argv) > 1 and sys.argv[1] == "_checkpoint":
         directory, shape, pieces, size, steps = sys.argv[2:]
@@ -805,6 +814,8 @@ def main():
     )
     parser.add_argument("--model", choices=tuple(SPEED_MODELS), default="opus-mt-base",
                         help="speed: the checkpoint's shape")  # fmt: skip
+    parser.add_argument("--shape", choices=tuple(NLLB_SHAPES), default="nllb-600m",
+                        help="size: the checkpoint's shape")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3, help="speed: rounds of timings")
     parser.add_argument(
         "--threads",

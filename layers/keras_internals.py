@@ -7,12 +7,12 @@ from typing import NamedTuple
 
 
 @contextlib.contextmanager
-def weights_through_disk():
+def weights_saved_through_disk():
     """While the block runs, `model.save` writes a .keras file's weights through a temporary
-    file beside the output, and `keras.saving.load_model` reads them from one. Keras holds
-    the whole weights file in memory instead when it judges the memory sufficient (and
-    without psutil it judges so below 1 GB): a second copy of every weight at the peak, which
-    the allocator may keep after."""
+    file beside the output. Keras writes them to an in-memory HDF5 file first when it judges
+    the memory sufficient (and without psutil it judges so below 1 GB): a second copy of
+    every weight at the peak. (Not for loading: Keras would extract the weights into a
+    folder beside the model, and a reader must not write in a work directory.)"""
     from keras.src.saving import saving_lib
 
     judge = saving_lib.is_memory_sufficient

@@ -88,10 +88,10 @@ def exclusive_writer(directory, wait=False, log=print):
 
 
 def save_model_atomically(model, path):
-    from layers.keras_internals import weights_through_disk
+    from layers.keras_internals import weights_saved_through_disk
 
-    # Not through an in-memory copy of every weight (`weights_through_disk`).
-    with atomic_path(path) as tmp, weights_through_disk():
+    # Not through an in-memory copy of every weight (`weights_saved_through_disk`).
+    with atomic_path(path) as tmp, weights_saved_through_disk():
         model.save(tmp)
 
 
@@ -126,7 +126,6 @@ def load_trained(workdir):
     import keras
 
     import layers  # noqa: F401  (registers the layers for deserialisation)
-    from layers.keras_internals import weights_through_disk
     from pipeline.data.tokenizer import Tokenizer, vocabulary_paths
     from pipeline.model_types.builder import variables_made_as_zeros
 
@@ -143,7 +142,7 @@ def load_trained(workdir):
     try:
         # safe_mode: a model file may not run code (no lambdas) on loading. The variables are
         # made as zeros: the file's weights replace every one.
-        with weights_through_disk(), variables_made_as_zeros():
+        with variables_made_as_zeros():
             model = keras.saving.load_model(model_path, compile=False, safe_mode=True)
     except Exception as error:  # Keras raises many types for a damaged file
         raise UnusableFileError(
