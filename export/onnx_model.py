@@ -21,7 +21,7 @@ import onnx
 import tf2onnx
 
 from export.int8 import write_int8
-from export.onnx_rewrites import optimise_loops, set_location
+from export.onnx_rewrites import append_outside, optimise_loops, outside_initializer
 from export.serving_graph import WEIGHT_INPUT
 from export.signature import METADATA_FILE, TARGET_PREFIX
 from pipeline.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -187,17 +187,10 @@ def _weights_as_initializers(model, variables, weights_file):
     them: the model holds none of the weights until it is written (`_gather_tensors`)."""
     weights = {WEIGHT_INPUT.format(i): variable for i, variable in enumerate(variables)}
     read = [node for node in model.graph.input if node.name in weights]
-    with open(weights_file, "wb") as data:
-        for node in read:
-            array = np.ascontiguousarray(weights[node.name].numpy())
-            tensor = onnx.TensorProto(
-                name=node.name,
-                data_type=onnx.helper.np_dtype_to_tensor_dtype(array.dtype),
-                dims=array.shape,
-            )
-            set_location(tensor, weights_file.name, data.tell(), array.nbytes)
-            data.write(array.data)  # no copy: the array is contiguous
-            model.graph.initializer.append(tensor)
+    weights_file.write_bytes(b"")
+    for node in read:
+        array = weights[node.name].numpy()
+        model.graph.initializer.append(outside_initializer(array, node.name, weights_file))
     others = [node for node in model.graph.input if node.name not in weights]
     del model.graph.input[:]
     model.graph.input.extend(others)
@@ -208,20 +201,21 @@ def _gather_tensors(model, directory, weights_file, external_data):
     """Moves the tensors the model still reads from `weights_file` (in `directory`) into the
     model, or with `external_data` into EXTERNAL_DATA_FILE, one at a time (what the rewrites
     dropped is left behind); removes `weights_file`."""
-    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+    from onnx.external_data_helper import (
+        _get_all_tensors,
+        load_external_data_for_tensor,
+        uses_external_data,
+    )
 
     kept = [tensor for tensor in _get_all_tensors(model) if uses_external_data(tensor)]
-    target = open(directory / EXTERNAL_DATA_FILE, "wb") if external_data else None
-    with target or contextlib.nullcontext() as data:
-        for tensor in kept:
+    if external_data:
+        (directory / EXTERNAL_DATA_FILE).write_bytes(b"")
+    for tensor in kept:
+        if external_data:
             array = onnx.numpy_helper.to_array(tensor, str(directory))
-            if external_data:
-                set_location(tensor, EXTERNAL_DATA_FILE, data.tell(), array.nbytes)
-                data.write(np.ascontiguousarray(array).data)
-            else:
-                del tensor.external_data[:]
-                tensor.data_location = onnx.TensorProto.DEFAULT
-                tensor.raw_data = array.tobytes()
+            append_outside(tensor, array, directory / EXTERNAL_DATA_FILE)
+        else:
+            load_external_data_for_tensor(tensor, str(directory))
     weights_file.unlink()
 
 

@@ -15,7 +15,7 @@ MAX_PROJECTED_TABLE_BYTES = 64 << 20
 def optimise_loops(graph, tensor_file=None):
     """Applies every rewrite below to `graph`; returns how many changes each made. With
     `tensor_file` (a path), the initializers outside the model are there and the large ones a
-    rewrite makes join them (`set_location`): moving them between graphs copies no data."""
+    rewrite makes join them (`outside_initializer`): moving them between graphs copies no data."""
     return {
         "hoisted": hoist_loop_invariants(graph),
         "selects": selects_as_where(graph),
@@ -31,14 +31,28 @@ def optimise_loops(graph, tensor_file=None):
 OUTSIDE_FROM_BYTES = 1 << 20
 
 
-def set_location(tensor, location, offset, length):
-    """Points `tensor` at `length` bytes of the file `location` (relative to the model's
-    folder) from `offset`."""
+def append_outside(tensor, array, tensor_file):
+    """Points `tensor` at `array`'s bytes, appended to `tensor_file` (named relative to the
+    model's folder, where the file is)."""
+    array = np.ascontiguousarray(array)
+    with open(tensor_file, "ab") as data:
+        offset = data.tell()
+        data.write(array.data)  # no copy: the array is contiguous
     del tensor.external_data[:]
     tensor.data_location = onnx.TensorProto.EXTERNAL
-    for key, value in (("location", location), ("offset", offset), ("length", length)):
+    for key, value in (("location", tensor_file.name), ("offset", offset),
+                       ("length", array.nbytes)):  # fmt: skip
         entry = tensor.external_data.add()
         entry.key, entry.value = key, str(value)
+
+
+def outside_initializer(array, name, tensor_file):
+    """An initializer `name` of `array`, its bytes appended to `tensor_file`."""
+    tensor = onnx.TensorProto(
+        name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype), dims=array.shape
+    )
+    append_outside(tensor, array, tensor_file)
+    return tensor
 
 
 def _array(tensor, tensor_file):
@@ -51,14 +65,7 @@ def _initializer(array, name, tensor_file):
     is large, else held in the model."""
     if tensor_file is None or array.nbytes < OUTSIDE_FROM_BYTES:
         return numpy_helper.from_array(array, name)
-    array = np.ascontiguousarray(array)
-    tensor = onnx.TensorProto(
-        name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype), dims=array.shape
-    )
-    with open(tensor_file, "ab") as data:
-        set_location(tensor, tensor_file.name, data.tell(), array.nbytes)
-        data.write(array.data)  # no copy: the array is contiguous
-    return tensor
+    return outside_initializer(array, name, tensor_file)
 
 
 def _node_graphs(node):
