@@ -6,7 +6,8 @@ Helsinki-NLP/opus-mt-de-en where huggingface_hub is installed and the network al
 becomes an ordinary work directory: translate, evaluate, export or fine-tune it
 (`pipeline.train --init-from DIR`) as any trained one. It translates as transformers'
 `generate()` does with the checkpoint's generation config; search flags change that as for
-any model. Supported: Marian (OPUS-MT); M2M100 and NLLB-200, translated in process.
+any model. Supported: Marian (OPUS-MT); M2M100, NLLB-200 and mBART-50. The checkpoint's
+licence, where its model card or config names one, is printed: it applies to the import.
 """
 
 import argparse
@@ -57,6 +58,10 @@ def import_checkpoint(source, workdir, log=log):
     stored = checkpoint.stored_as()
     weights = f", its weights stored as {stored} (read as float32)" if stored else ""
     log(f"Reading the {family} checkpoint {checkpoint.directory}{weights}")
+    licence = checkpoint.licence()
+    if licence:
+        log(f"Licence: {licence}, as the checkpoint states it; the imported model and its "
+            "exports are used under its terms")  # fmt: skip
     imported = FAMILIES[family].convert(checkpoint)
     if imported.unproducible:
         log(

@@ -504,17 +504,102 @@ def test_float16_and_bfloat16_checkpoints_import_as_their_values_in_float32(tmp_
             values[name] = stored[name][1].astype(np.float32)
     write_safetensors(halves / "model.safetensors", stored)
     write_safetensors(twin / "model.safetensors", {k: ("F32", v) for k, v in values.items()})
+    (halves / "README.md").write_text("---\nlanguage: [de, en]\nlicense: cc-by-4.0\n---\n# Card\n")
     said = []
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(vocabulary, "BLOCK_ROWS", 37)
         import_checkpoint(halves, tmp_path / "from_halves", log=said.append)
         import_checkpoint(twin, tmp_path / "from_twin", log=lambda _: None)
     assert "its weights stored as bfloat16 and float16 (read as float32)" in said[0]
+    assert said[1].startswith("Licence: cc-by-4.0, as the checkpoint states it")
     ours, theirs = (load_trained(tmp_path / name)[1].get_weights()
                     for name in ("from_halves", "from_twin"))  # fmt: skip
     assert len(ours) == len(theirs)
     for mine, expected_values in zip(ours, theirs):
         np.testing.assert_array_equal(mine, expected_values)
+
+
+@pytest.mark.parametrize(
+    ("card", "config", "licence"),
+    [
+        ("---\nlicense: cc-by-nc-4.0\n---\nNLLB-200", {}, "cc-by-nc-4.0"),
+        ("---\r\nlicense: other\r\nlicense_name: acme\r\nlicense_link: LICENSE\r\n---\r\n",
+         {}, "other: acme LICENSE"),
+        (None, {"license": "apache-2.0"}, "apache-2.0"),
+        ("---\nlicense: [unclosed\n---\n", {"license": "mit"}, "mit"),
+        ("# A card without front matter\nlicense: cc-by-4.0\n", {}, None),
+        (None, {}, None),
+    ],
+)  # fmt: skip
+def test_the_licence_comes_from_the_model_card_or_the_config(tmp_path, card, config, licence):
+    """The licence a checkpoint names: its model card's front matter first (with the name and
+    link of an `other` licence), config.json's `license` else; a card that is only prose, or
+    whose front matter YAML cannot read, names none."""
+    from pipeline.pretrained.checkpoint import MODEL_CARD_FILE, Checkpoint
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "marian", **config}))
+    if card is not None:
+        (tmp_path / MODEL_CARD_FILE).write_text(card)
+    assert Checkpoint(tmp_path).licence() == licence
+
+
+def fake_hub(monkeypatch, tmp_path, listing, download_error=None):
+    """huggingface_hub as `resolve` calls it, offline: the repository's files `listing` (an
+    exception: the listing fails), a download into tmp_path/ID that records its patterns."""
+    import types
+
+    fetched = []
+
+    def list_repo_files(repo_id):
+        if isinstance(listing, Exception):
+            raise listing
+        return listing
+
+    def snapshot_download(repo_id, allow_patterns):
+        if download_error:
+            raise download_error
+        fetched.append(allow_patterns)
+        return str(tmp_path / repo_id)
+
+    module = types.SimpleNamespace(list_repo_files=list_repo_files,
+                                   snapshot_download=snapshot_download)  # fmt: skip
+    monkeypatch.setitem(sys.modules, "huggingface_hub", module)
+    return fetched
+
+
+@pytest.mark.parametrize(
+    ("listing", "torch_fetched"),
+    [(["config.json", "model.safetensors", "pytorch_model.bin"], False),
+     (["config.json", "pytorch_model.bin.index.json", "pytorch_model-00001-of-00003.bin"], True),
+     (OSError("offline"), True)],
+)  # fmt: skip
+def test_a_hub_id_fetches_the_weights_once_and_the_model_card(
+    monkeypatch, tmp_path, listing, torch_fetched
+):
+    """A Hub id is downloaded with the files an import reads and the model card: safetensors
+    weights where the repository has them, its PyTorch files only where it has not (or where
+    its listing cannot be read, offline: the cache answers)."""
+    from pipeline.pretrained.checkpoint import MODEL_CARD_FILE, resolve
+
+    fetched = fake_hub(monkeypatch, tmp_path, listing)
+    said = []
+    assert resolve("facebook/nllb-200-3.3B", said.append) == tmp_path / "facebook/nllb-200-3.3B"
+    assert said == ["Fetching facebook/nllb-200-3.3B from the Hugging Face Hub"]
+    assert "*.safetensors" in fetched[0] and MODEL_CARD_FILE in fetched[0]
+    assert ("pytorch_model*.bin" in fetched[0]) == torch_fetched
+
+
+def test_a_hub_id_that_cannot_be_fetched_is_one_line(monkeypatch, tmp_path):
+    from pipeline.pretrained.checkpoint import resolve
+
+    fake_hub(monkeypatch, tmp_path, [], download_error=OSError("offline\nand more"))
+    with pytest.raises(UserError, match=r"^owner/model: cannot fetch it from the Hub \(offline\)$"):
+        resolve("owner/model")
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # not installed
+    with pytest.raises(UserError, match=r'huggingface_hub \(pip install "seq2seq-tf\[hub\]"\)'):
+        resolve("owner/model")
+    with pytest.raises(UserError, match="no such directory$"):
+        resolve("not a hub id")
 
 
 def test_the_command_reports_one_line_and_exit_status_2(tmp_path):

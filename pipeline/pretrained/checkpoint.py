@@ -18,8 +18,11 @@ SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"  # a sharded checkpoint's key -> shard
 TORCH_FILE = "pytorch_model.bin"
 TORCH_INDEX = "pytorch_model.bin.index.json"  # a sharded PyTorch checkpoint's key -> shard
-# What a Hub download fetches: every file an importer reads, and no other format's weights.
-HUB_PATTERNS = ["*.json", "*.spm", "*.model", "*.safetensors", "pytorch_model*.bin"]
+MODEL_CARD_FILE = "README.md"  # the Hub's model card: YAML front matter, then prose
+# What a Hub download fetches: every file an importer reads, and no other format's weights;
+# the PyTorch files only from a repository without safetensors (`hub_patterns`).
+HUB_PATTERNS = ["*.json", "*.spm", "*.model", "*.safetensors", MODEL_CARD_FILE]
+HUB_TORCH_PATTERN = "pytorch_model*.bin"
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 # safetensors' dtype names of the weights an import reads (each converted to float32).
 FLOAT_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
@@ -42,6 +45,17 @@ class Checkpoint:
         dtypes = self.weights().dtypes.values()
         names = sorted({FLOAT_DTYPES.get(dtype, dtype) for dtype in dtypes})
         return " and ".join(names)
+
+    def licence(self):
+        """The licence the checkpoint names, in words ("cc-by-nc-4.0"; "other: NAME (LINK)"),
+        from its model card's front matter or else config.json's `license`; None where
+        neither names one."""
+        card = _front_matter(self.directory / MODEL_CARD_FILE)
+        named = card.get("license") or self.config.get("license")
+        if not named or not isinstance(named, str):
+            return None
+        details = [str(card[key]) for key in ("license_name", "license_link") if card.get(key)]
+        return f"{named}: {' '.join(details)}" if details else named
 
     def path(self, name, required=True):
         path = self.directory / name
@@ -220,6 +234,40 @@ def _float32(array, path, name):
     return np.asarray(array, np.float32)
 
 
+def _front_matter(path):
+    """The YAML mapping between a Markdown file's opening `---` lines; {} where the file, the
+    block or a mapping in it is missing or unreadable (a model card is prose for people)."""
+    import yaml
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return {}
+    block = re.match(r"---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(\r?\n|$)", text, re.DOTALL)
+    if not block:
+        return {}
+    try:
+        value = yaml.safe_load(block.group(1))
+    except yaml.YAMLError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def hub_patterns(repo_id):
+    """The files to fetch of the Hub repository `repo_id`: HUB_PATTERNS, and its PyTorch
+    weights where it has no safetensors ones (or its listing cannot be read: offline, the
+    cache answers with what it holds)."""
+    from huggingface_hub import list_repo_files
+
+    try:
+        files = list_repo_files(str(repo_id))
+    except Exception:  # offline, or the download to come says what is wrong in one line
+        files = []
+    if any(name.endswith(".safetensors") for name in files):
+        return HUB_PATTERNS
+    return [*HUB_PATTERNS, HUB_TORCH_PATTERN]
+
+
 def resolve(source, log=print):
     """The local directory of `source`: a directory as it is; a Hub id (`owner/name`, where
     no such directory exists) downloaded through huggingface_hub where it is installed and
@@ -236,10 +284,11 @@ def resolve(source, log=print):
     except ImportError:
         raise UserError(
             f"{source}: no such directory, and fetching it from the Hugging Face Hub needs "
-            "huggingface_hub (pip install huggingface_hub); or download it and give its directory"
+            'huggingface_hub (pip install "seq2seq-tf[hub]"); or download it and give its '
+            "directory"
         ) from None
     log(f"Fetching {source} from the Hugging Face Hub")
     try:
-        return Path(snapshot_download(repo_id=str(source), allow_patterns=HUB_PATTERNS))
+        return Path(snapshot_download(repo_id=str(source), allow_patterns=hub_patterns(source)))
     except Exception as error:  # offline, unknown repository, gated model: all one line
         raise UserError(f"{source}: cannot fetch it from the Hub ({first_line(error)})") from None
