@@ -415,19 +415,18 @@ def test_the_browser_page_offers_the_models_languages_and_translates_into_the_on
     sentences = ["Ein Hund läuft über eine Wiese.", "Zwei Männer stehen."]
     runtime = OnnxTranslator(exported / "onnx")
     screenshot = tmp_path / "page.png"
+    # The first sentence before any choice, then both into French.
     with serving(node, exported / "onnx") as address:
-        into_french = drive(node, chromium, address, sentences, "--to", "fr",
-                            "--screenshot", str(screenshot))  # fmt: skip
-        unchosen = drive(node, chromium, address, sentences[:1])
-    assert into_french.returncode == 0, into_french.stderr
-    shown = json.loads(into_french.stdout)
+        result = drive(node, chromium, address, [sentences[0], "--to", "fr", *sentences,
+                                                 "--screenshot", str(screenshot)])  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    unchosen, *shown = json.loads(result.stdout)
     assert [s["translation"] for s in shown] == runtime.translate(sentences, target_language="fr")
     assert shown[0]["languages"] == "into German, English, French"
     assert shown[0]["targetLabel"] == "French"
     # The menu starts at the first language (German): the page never sends a request without one.
-    assert unchosen.returncode == 0, unchosen.stderr
-    first = json.loads(unchosen.stdout)[0]["translation"]
-    assert first == runtime.translate(sentences[:1], target_language="de")[0]
+    assert unchosen["targetLabel"] == "German"
+    assert unchosen["translation"] == runtime.translate(sentences[:1], target_language="de")[0]
     assert screenshot.read_bytes().startswith(b"\x89PNG")
 
 

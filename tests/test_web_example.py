@@ -52,21 +52,23 @@ def serving(node, directory):
 
 def page_translations(directory, sentences, runs):
     """{key: the translations the page shows for `sentences[i]` of each index, driven with its
-    options} of `runs` ({key: (indices, options)}), all on one page serving `directory`."""
+    options} of `runs` ({key: (indices, options)}), all on one page serving `directory`: the
+    model loaded once, each run's options chosen before its sentences."""
     node, chromium = browser_tools()
-    shown = {}
+    steps = [step for indices, options in runs.values()
+             for step in (*options, *(sentences[i] for i in indices))]  # fmt: skip
     with serving(node, directory) as address:
-        for key, (indices, options) in runs.items():
-            result = drive(node, chromium, address, [sentences[i] for i in indices], *options)
-            assert result.returncode == 0, result.stderr
-            shown[key] = [s["translation"] for s in json.loads(result.stdout)]
-    return shown
+        result = drive(node, chromium, address, steps)
+    assert result.returncode == 0, result.stderr
+    shown = iter(s["translation"] for s in json.loads(result.stdout))
+    return {key: [next(shown) for _ in indices] for key, (indices, _) in runs.items()}
 
 
-def drive(node, chromium, address, sentences, *options):
-    """Runs test/drive.mjs: the page's results for `sentences`, typed one by one."""
+def drive(node, chromium, address, steps):
+    """Runs test/drive.mjs: the page's results for the sentences of `steps`, typed one by one,
+    each after the options before it."""
     return subprocess.run(
-        [node, "test/drive.mjs", address, "--browser", chromium, *options, *sentences],
+        [node, "test/drive.mjs", address, "--browser", chromium, *steps],
         cwd=EXAMPLE, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
 
@@ -82,8 +84,8 @@ def test_the_page_translates_like_the_python_runtime(tools, exported_workdir, tm
     sentences = ["", over_long, *real_sentences(3)]
     screenshot = tmp_path / "page.png"
     with serving(node, onnx_dir) as address:
-        result = drive(node, chromium, address, sentences,
-                       "--beam-size", str(BEAM_SIZE), "--screenshot", str(screenshot))  # fmt: skip
+        result = drive(node, chromium, address, ["--beam-size", str(BEAM_SIZE), *sentences,
+                                                 "--screenshot", str(screenshot)])  # fmt: skip
     assert result.returncode == 0, result.stderr
     shown = json.loads(result.stdout)
 

@@ -3,26 +3,33 @@
 //
 //   node test/drive.mjs URL --browser /usr/bin/chromium [--beam-size K] [--to LANGUAGE]
 //     [--from LANGUAGE] [--screenshot PNG]
-//     SENTENCE...
+//     SENTENCE... [--from LANGUAGE --to LANGUAGE SENTENCE...]...
 //
-// puppeteer-core downloads no browser: --browser names the one to run. The screenshot is
-// taken after the last sentence.
+// Options take effect in order: a choice of language applies to the sentences after it, so
+// one page (the model loaded once) translates in several directions. puppeteer-core downloads
+// no browser: --browser names the one to run. The screenshot is taken after the last sentence.
 import puppeteer from "puppeteer-core";
 
+const SETTINGS = {
+  "--beam-size": "#beam-size",
+  "--to": "#target-language",
+  "--from": "#source-language",
+};
+
+// The URL, the browser, the screenshot's path, and the steps in order: each a setting
+// ({ selector, value }) or a sentence ({ sentence }).
 function parseArgs(argv) {
-  const args = { sentences: [] };
+  const args = { steps: [] };
   for (let i = 0; i < argv.length; i++) {
     if (argv[i] === "--browser") args.browser = argv[++i];
-    else if (argv[i] === "--beam-size") args.beamSize = argv[++i];
-    else if (argv[i] === "--to") args.to = argv[++i];
-    else if (argv[i] === "--from") args.from = argv[++i];
     else if (argv[i] === "--screenshot") args.screenshot = argv[++i];
+    else if (argv[i] in SETTINGS) args.steps.push({ selector: SETTINGS[argv[i]], value: argv[++i] });
     else if (args.url === undefined) args.url = argv[i];
-    else args.sentences.push(argv[i]);
+    else args.steps.push({ sentence: argv[i] });
   }
   if (args.url === undefined || args.browser === undefined) {
     console.error("usage: node test/drive.mjs URL --browser PATH [--beam-size K] " +
-      "[--screenshot PNG] SENTENCE...");
+      "[--from LANGUAGE] [--to LANGUAGE] [--screenshot PNG] SENTENCE...");
     process.exit(2);
   }
   return args;
@@ -83,16 +90,17 @@ try {
   page.on("pageerror", (error) => console.error(`page error: ${error.message}`));
   await page.goto(args.url);
   await waitUntilReady(page, null);
-  if (args.beamSize !== undefined) await setField(page, "#beam-size", args.beamSize);
-  if (args.to !== undefined) await page.select("#target-language", args.to);
-  if (args.from !== undefined) await page.select("#source-language", args.from);
   const results = [];
-  for (const sentence of args.sentences) {
-    await setField(page, "#source", sentence);
-    await page.focus("#source");
-    await page.keyboard.press("Enter");
-    await waitUntilReady(page, sentence);
-    results.push(await page.evaluate(readResult));
+  for (const step of args.steps) {
+    if (step.selector === "#beam-size") await setField(page, step.selector, step.value);
+    else if (step.selector !== undefined) await page.select(step.selector, step.value);
+    else {
+      await setField(page, "#source", step.sentence);
+      await page.focus("#source");
+      await page.keyboard.press("Enter");
+      await waitUntilReady(page, step.sentence);
+      results.push(await page.evaluate(readResult));
+    }
   }
   if (args.screenshot) await page.screenshot({ path: args.screenshot });
   console.log(JSON.stringify(results));
