@@ -143,6 +143,28 @@ def _without_passes_without_work():
         optimizer._optimizers = every_pass
 
 
+@contextlib.contextmanager
+def _passes_without_proto_rebuilds():
+    """tf2onnx's optimiser passes without what each does after its work: rebuild every node's
+    protobuf (the loops' bodies' too) and count the graph's nodes twice for a debug line. The
+    passes read the nodes, not their protobufs, and the model is built from the nodes once
+    they are done (`Graph.make_graph` rebuilds the protobufs), so only time is saved."""
+    from tf2onnx.optimizer.optimizer_base import GraphOptimizerBase
+
+    def optimize(self, graph, iteration):
+        self.opt_iteration = iteration
+        graph = self._optimize(graph)
+        graph.delete_unused_nodes(graph.outputs)
+        return graph
+
+    every_pass = GraphOptimizerBase.optimize
+    GraphOptimizerBase.optimize = optimize
+    try:
+        yield
+    finally:
+        GraphOptimizerBase.optimize = every_pass
+
+
 def _erfc_as_one_minus_erf(graph, node, name, args):
     """ONNX has Erf but no Erfc, which TensorFlow's exact GELU uses: 1 - erf(x)."""
     from tf2onnx import utils
@@ -170,6 +192,7 @@ def convert_to_onnx(function, opset):
     with (
         _reshape_pairs_merged_only_without_copied_dims(),
         _without_passes_without_work(),
+        _passes_without_proto_rebuilds(),
         _unused_nodes_found_in_one_walk(),
     ):
         try:

@@ -800,6 +800,52 @@ def test_the_nodes_kept_are_those_tf2onnx_keeps_in_every_graph_of_a_loop(monkeyp
     assert outputs_per_call and max(outputs_per_call) > 3  # the body's outputs, walked together
 
 
+def test_passes_without_proto_rebuilds_make_the_model_tf2onnxs_own_passes_make(monkeypatch):
+    """`_passes_without_proto_rebuilds`: the passes leave the protobufs to the model's making;
+    a loop converts to the same nodes, graph by graph, with the same values as with
+    tf2onnx's own `optimize`, which the conversion restores after."""
+    import collections
+    import contextlib
+
+    from tf2onnx.optimizer.optimizer_base import GraphOptimizerBase
+
+    from export import onnx_model
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
+    def loop(x):
+        def body(i, total, trace):
+            return (
+                i + 1,
+                total + tf.reshape(tf.transpose(tf.reshape(x, [1, -1])), [-1]),
+                trace * 0.5 + total,
+            )
+
+        zeros = tf.zeros_like(x)
+        return tf.while_loop(lambda i, *_: i < 3, body, [0, zeros, zeros])[1:]
+
+    def nodes(graph, depth=0, counts=None):
+        counts = collections.Counter() if counts is None else counts
+        for node in graph.node:
+            counts[depth, node.op_type] += 1
+            for attribute in node.attribute:
+                if attribute.type == onnx.AttributeProto.GRAPH:
+                    nodes(attribute.g, depth + 1, counts)
+        return counts
+
+    def outputs(model):
+        session = onnxruntime.InferenceSession(model.SerializeToString())
+        return session.run(None, {"x": np.array([1.0, -2.0, 3.0], "float32")})
+
+    tf2onnx_optimize = GraphOptimizerBase.optimize
+    ours = onnx_model.convert_to_onnx(loop, opset=17)
+    assert GraphOptimizerBase.optimize is tf2onnx_optimize
+    monkeypatch.setattr(onnx_model, "_passes_without_proto_rebuilds", contextlib.nullcontext)
+    theirs = onnx_model.convert_to_onnx(loop, opset=17)
+    assert nodes(ours.graph) == nodes(theirs.graph) and nodes(ours.graph)[1, "Add"]
+    for mine, expected in zip(outputs(ours), outputs(theirs), strict=True):
+        np.testing.assert_array_equal(mine, expected)
+
+
 def test_the_passes_left_out_are_tf2onnxs_and_only_for_the_conversion(monkeypatch):
     """The passes for ops the graphs never hold are skipped by name: a name tf2onnx no longer
     uses would leave them running silently. Other conversions keep every pass."""
