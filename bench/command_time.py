@@ -2,13 +2,14 @@
 another checkout.
 
     python bench/command_time.py --workdir W --ref-tree DIR [--rounds R] [--sentences N]
-        [--commands translate,evaluate,export]
+        [--commands translate,evaluate,export,import] [--checkpoint C]
 
 Runs, as fresh processes from each tree's root in turns: `python -m pipeline.translate` on the
 first N sentences of the model's validation source (what a command spends before and while
 it translates: TensorFlow's start, loading the model, tracing the search), `python -m
 pipeline.evaluate` on the same split, and `python -m export --formats saved_model,onnx`
-into a scratch folder (`--commands` picks some). Prints each command's median seconds and
+into a scratch folder, and with `--checkpoint` `python -m pipeline.import_model C` into one
+(`--commands` picks some). Prints each command's median seconds and
 median peak resident memory a tree, and their ratios (the reference tree's over this
 tree's: above 1, this tree is faster or smaller). `DIR` is another checkout, e.g. `git
 worktree add DIR HEAD~1`, with this interpreter's packages.
@@ -31,13 +32,14 @@ from common import PROJECT_ROOT, alternate, machine
 from pipeline.config import load_config
 
 
-def commands(workdir, source, scratch):
+def commands(workdir, source, scratch, checkpoint):
     """{name: the arguments after `python -m`}."""
     return {
         "translate": ["pipeline.translate", "--workdir", workdir, "--input", source],
         "evaluate": ["pipeline.evaluate", "--workdir", workdir, "--split", "valid"],
         "export": ["export", "--workdir", workdir, "--output", scratch, "--formats",
                    "saved_model,onnx"],
+        "import": ["pipeline.import_model", checkpoint, "--workdir", scratch],
     }  # fmt: skip
 
 
@@ -64,7 +66,11 @@ def main():
     parser.add_argument("--sentences", type=int, default=100, help="sentences to translate")
     parser.add_argument("--commands", type=lambda text: text.split(","),
                         default=["translate", "evaluate", "export"])  # fmt: skip
+    parser.add_argument("--checkpoint", type=Path,
+                        help="import: a checkpoint directory (Hugging Face layout)")  # fmt: skip
     args = parser.parse_args()
+    if "import" in args.commands and args.checkpoint is None:
+        parser.error("--commands import needs --checkpoint")
     print(machine(model=True))
     data = load_config(args.workdir / "config.yaml", saved=True)["data"]
     with tempfile.TemporaryDirectory() as temp:
@@ -74,7 +80,10 @@ def main():
                 source.write_text("".join(line for _, line in zip(range(args.sentences), lines)))
         scratch = Path(temp) / "export"
         trees = {"this tree": PROJECT_ROOT, "reference": args.ref_tree.resolve()}
-        for name, arguments in commands(args.workdir.resolve(), source, scratch).items():
+        checkpoint = args.checkpoint and args.checkpoint.resolve()
+        for name, arguments in commands(
+            args.workdir.resolve(), source, scratch, checkpoint
+        ).items():
             if name not in args.commands:
                 continue
             sides = {tree: functools.partial(timed, root, arguments, scratch)

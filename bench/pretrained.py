@@ -7,7 +7,8 @@ import, and the import and export of NLLB's shape.
     python bench/pretrained.py fine-tune [--root runs/pretrained] [--pretrain-steps 800]
         [--minutes 10]
     python bench/pretrained.py fine-tune-m2m [--root runs/pretrained] [--minutes 10]
-    python bench/pretrained.py size [--shape nllb-600m|nllb-1.3b] [--root runs/pretrained]
+    python bench/pretrained.py size [--shape nllb-600m|nllb-1.3b|nllb-3.3b] [--import-only]
+        [--root runs/pretrained]
 
 The checkpoints are made by transformers in the venv of `tools/hf_fixtures.py` (`--hf-venv`,
 made when missing); torch never enters the project's environment.
@@ -47,10 +48,12 @@ No transformers needed.
 size: a random checkpoint of NLLB-200-distilled-600M's shape (12 + 12 layers, d_model 1024, 16
 heads, FFN 4096, 256,206 embedding rows; an NLLB tokenizer over a SentencePiece model trained
 on Multi30k, the rows past it unused), or with `--shape nllb-1.3b` NLLB-200-distilled-1.3B's
-(24 + 24 layers, FFN 8192), is imported (time, peak memory against the weights) and
-exported as a SavedModel and to ONNX, float32 and int8 (time, peak memory, the files written);
-each export then translates a sentence in a process of its own (ONNX Runtime, the SavedModel
-through TF Serving's session loader, the REST server on the float32 and the int8 ONNX model).
+(24 + 24 layers, FFN 8192) or `--shape nllb-3.3b` NLLB-200-3.3B's (24 + 24 layers, d_model
+2048, FFN 8192), is imported (time, peak memory against the weights) and, unless
+`--import-only`, exported as a SavedModel and to ONNX, float32 and int8 (time, peak memory, the
+files written); each export then translates a sentence in a process of its own (ONNX Runtime,
+the SavedModel through TF Serving's session loader, the REST server on the float32 and the int8
+ONNX model).
 """
 
 import argparse
@@ -672,6 +675,8 @@ NLLB_SHAPES = {
     "nllb-600m": NLLB_600M,
     "nllb-1.3b": {**NLLB_600M, "encoder_layers": 24, "decoder_layers": 24,
                   "encoder_ffn_dim": 8192, "decoder_ffn_dim": 8192},
+    "nllb-3.3b": {**NLLB_600M, "d_model": 2048, "encoder_layers": 24, "decoder_layers": 24,
+                  "encoder_ffn_dim": 8192, "decoder_ffn_dim": 8192},
 }  # fmt: skip
 NLLB_PIECES = 8000  # the SentencePiece model's; the embedding rows past it stay unused
 NLLB_DIRECTION = ("deu_Latn", "fra_Latn")  # the speed runs' languages
@@ -769,6 +774,8 @@ def nllb_size(args):
     source = nllb_checkpoint(args, args.shape)
     workdir = args.root / f"{args.shape}-import"
     weights = import_measured(source, workdir)["weights_mb"]
+    if args.import_only:
+        return
     set_decode(workdir, max_length_cap=16)  # random weights: the checks translate a few tokens
     seconds, peak = measured([sys.executable, "-m", "export", "--workdir", workdir,
                               "--formats", "saved_model,onnx"])  # fmt: skip
@@ -816,6 +823,8 @@ def main():
                         help="speed: the checkpoint's shape")  # fmt: skip
     parser.add_argument("--shape", choices=tuple(NLLB_SHAPES), default="nllb-600m",
                         help="size: the checkpoint's shape")  # fmt: skip
+    parser.add_argument("--import-only", action="store_true",
+                        help="size: the import alone (no export, no runtimes)")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3, help="speed: rounds of timings")
     parser.add_argument(
         "--threads",

@@ -9,18 +9,34 @@ from typing import NamedTuple
 @contextlib.contextmanager
 def weights_saved_through_disk():
     """While the block runs, `model.save` writes a .keras file's weights through a temporary
-    file beside the output. Keras writes them to an in-memory HDF5 file first when it judges
-    the memory sufficient (and without psutil it judges so below 1 GB): a second copy of
-    every weight at the peak. (Not for loading: Keras would extract the weights into a
-    folder beside the model, and a reader must not write in a work directory.)"""
+    file beside the output, each read where it lies. Keras writes them to an in-memory HDF5
+    file first when it judges the memory sufficient (and without psutil it judges so below 1
+    GB): a second copy of every weight at the peak. And it hands HDF5 each weight as a NumPy
+    copy made through another (`np.array` of a variable): three times the largest weight (an
+    embedding table) at the peak, where a read-only view of the variable's buffer does. (Not
+    for loading: Keras would extract the weights into a folder beside the model, and a reader
+    must not write in a work directory.)"""
+    import numpy as np
+    import tensorflow as tf
     from keras.src.saving import saving_lib
+
+    convert = saving_lib.backend.convert_to_numpy
+
+    def in_place(value):
+        if isinstance(value, saving_lib.backend.Variable):
+            value = value.value
+        if isinstance(value, tf.Variable):
+            value = value.read_value()  # shares the buffer: no copy in eager mode
+        return np.asarray(value) if isinstance(value, tf.Tensor) else convert(value)
 
     judge = saving_lib.is_memory_sufficient
     saving_lib.is_memory_sufficient = lambda model: False
+    saving_lib.backend.convert_to_numpy = in_place
     try:
         yield
     finally:
         saving_lib.is_memory_sufficient = judge
+        saving_lib.backend.convert_to_numpy = convert
 
 
 def unscale_loss_for_distribution(loss):

@@ -11,15 +11,34 @@ import tensorflow as tf
 from layers import keras_internals
 
 
-def test_weights_are_saved_through_disk_in_the_block_and_memory_is_judged_after(tmp_path):
+def test_weights_are_saved_through_disk_in_the_block_and_memory_is_judged_after(
+    tmp_path, monkeypatch
+):
+    """In the block, each weight reaches HDF5 as a view of its variable's buffer (no copy),
+    and the file holds the same values; Keras' own judge and conversion are back after."""
+    import h5py
     from keras.src.saving import saving_lib
 
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-    judge = saving_lib.is_memory_sufficient
+    model = keras.Sequential([keras.Input((3,), dtype="int32"), keras.layers.Embedding(50, 4),
+                              keras.layers.Dense(2)])  # fmt: skip
+    buffers = [np.asarray(variable.value.read_value()) for variable in model.weights]
+    handed = []
+    write = h5py.Group.__setitem__
+
+    def recorded(group, name, value):
+        handed.append(value)
+        write(group, name, value)
+
+    monkeypatch.setattr(h5py.Group, "__setitem__", recorded)
+    judge, convert = saving_lib.is_memory_sufficient, saving_lib.backend.convert_to_numpy
     with keras_internals.weights_saved_through_disk():
         assert saving_lib.is_memory_sufficient(model) is False
         model.save(tmp_path / "model.keras")
     assert saving_lib.is_memory_sufficient is judge
+    assert saving_lib.backend.convert_to_numpy is convert
+    assert len(handed) == len(buffers)
+    for value, buffer in zip(handed, buffers):
+        assert np.shares_memory(value, buffer)
     reloaded = keras.models.load_model(tmp_path / "model.keras")
     for ours, theirs in zip(model.get_weights(), reloaded.get_weights()):
         np.testing.assert_array_equal(ours, theirs)

@@ -112,14 +112,27 @@ def set_weights(model, weights):
                             f"configuration gives {list(variable.shape)}")  # fmt: skip
         if isinstance(value, RowBlocks):
             for start, block in value.blocks:
-                stop = start + len(block)
-                if value.transposed:
-                    variable.value[:, start:stop].assign(block.T)
-                else:
-                    variable.value[start:stop].assign(block)
+                _assign_rows(variable, start, block, value.transposed)
         else:
             variable.assign(value)
         del value
+
+
+def _assign_rows(variable, start, block, transposed):
+    """Rows `start`... of the Keras `variable` (its columns, `transposed`) set to `block`, in
+    place. Slice assignment (`variable[a:b].assign`) reads the variable first, and the op
+    then copies the whole table rather than change a buffer that a tensor still shares: an
+    embedding table's size more at the peak."""
+    import tensorflow as tf
+
+    stop = start + len(block)
+    begin, end = (
+        ([0, start], [block.shape[1], stop]) if transposed else ([start, 0], [stop, block.shape[1]])
+    )
+    tf.raw_ops.ResourceStridedSliceAssign(
+        ref=variable.value.handle, begin=begin, end=end, strides=[1, 1],
+        value=block.T if transposed else block,
+    )  # fmt: skip
 
 
 def write_work_directory(imported, workdir, log=print):
