@@ -21,6 +21,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from export.onnx_rewrites import (
+    BLOCK_BYTES,
     _attribute,
     _constants,
     _drop_unread_initializers,
@@ -50,8 +51,17 @@ def quantised(values, low, high):
         symmetric_zero = np.round((low + high) / 2.0)
         zero_point = dtype(symmetric_zero if low == -high else np.round(low - smallest / scale))
         scale = np.float32(scale)
-    rounded = (values.astype(np.float32) / scale).round() + zero_point
-    return np.clip(rounded, low, high).astype(dtype), scale, zero_point
+    # A block of rows at a time: the float temporaries of a whole embedding table would be
+    # several times the int8 result.
+    result = np.empty(values.shape, dtype)
+    blocks = [...]  # a scalar: whole
+    if values.ndim:
+        rows = max(1, BLOCK_BYTES // max(1, values[:1].size * 4))
+        blocks = [slice(start, start + rows) for start in range(0, len(values), rows)]
+    for part in blocks:
+        rounded = (values[part].astype(np.float32) / scale).round() + zero_point
+        result[part] = np.clip(rounded, low, high)
+    return result, scale, zero_point
 
 
 def _is_product(gemm):

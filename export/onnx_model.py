@@ -212,7 +212,7 @@ def _weights_as_initializers(model, variables, weights_file):
     read = [node for node in model.graph.input if node.name in weights]
     weights_file.write_bytes(b"")
     for node in read:
-        array = weights[node.name].numpy()
+        array = np.asarray(weights[node.name].value.read_value())  # a view: no copy
         model.graph.initializer.append(outside_initializer(array, node.name, weights_file))
     others = [node for node in model.graph.input if node.name not in weights]
     del model.graph.input[:]

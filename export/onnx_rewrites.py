@@ -31,17 +31,27 @@ def optimise_loops(graph, tensor_file=None):
 OUTSIDE_FROM_BYTES = 1 << 20
 
 
+# Bytes of a block of rows that a strided array (a transposed view) is written in.
+BLOCK_BYTES = 1 << 24
+
+
 def append_outside(tensor, array, tensor_file):
     """Points `tensor` at `array`'s bytes, appended to `tensor_file` (named relative to the
-    model's folder, where the file is)."""
-    array = np.ascontiguousarray(array)
+    model's folder, where the file is). A view that is not contiguous (a transposed table) is
+    written a block of rows at a time, not copied whole."""
     with open(tensor_file, "ab") as data:
         offset = data.tell()
-        data.write(array.data)  # no copy: the array is contiguous
+        if array.flags.c_contiguous or array.ndim < 2:
+            data.write(np.ascontiguousarray(array).data)
+        else:
+            rows = max(1, BLOCK_BYTES // max(1, array[0].nbytes))
+            for start in range(0, len(array), rows):
+                data.write(np.ascontiguousarray(array[start : start + rows]).data)
+    array_bytes = array.nbytes
     del tensor.external_data[:]
     tensor.data_location = onnx.TensorProto.EXTERNAL
     for key, value in (("location", tensor_file.name), ("offset", offset),
-                       ("length", array.nbytes)):  # fmt: skip
+                       ("length", array_bytes)):  # fmt: skip
         entry = tensor.external_data.add()
         entry.key, entry.value = key, str(value)
 

@@ -57,6 +57,34 @@ def quantised_both_ways(request, tmp_path_factory):
     return directories
 
 
+@pytest.mark.parametrize("value_range", [WEIGHT_RANGE, TABLE_RANGE])
+def test_a_table_quantised_a_block_of_rows_at_a_time_is_quantised_as_a_whole(
+    monkeypatch, value_range
+):
+    """Blocks of a few rows (a transposed view's too) give what one block gives: the scale
+    and zero point come from the whole table, each value is rounded alone."""
+    from export import int8
+
+    values = np.random.default_rng(4).normal(size=(301, 17)).astype(np.float32) - 0.3
+    for table in (values, values.T, values[0], values[0, 0]):
+        whole = quantised(table, *value_range)
+        monkeypatch.setattr(int8, "BLOCK_BYTES", 3 * 17 * 4)
+        blocks = quantised(table, *value_range)
+        monkeypatch.undo()
+        assert blocks[0].dtype == whole[0].dtype and blocks[1:] == whole[1:]
+        np.testing.assert_array_equal(blocks[0], whole[0])
+
+
+def test_a_strided_array_is_written_outside_a_block_at_a_time_as_its_bytes(tmp_path, monkeypatch):
+    from export import onnx_rewrites
+
+    monkeypatch.setattr(onnx_rewrites, "BLOCK_BYTES", 40)
+    table = np.arange(6 * 11, dtype=np.float32).reshape(6, 11)
+    tensor = onnx_rewrites.outside_initializer(table.T, "transposed", tmp_path / "tensors")
+    np.testing.assert_array_equal(onnx.numpy_helper.to_array(tensor, str(tmp_path)), table.T)
+    assert (tmp_path / "tensors").read_bytes() == np.ascontiguousarray(table.T).tobytes()
+
+
 def test_the_int8_model_computes_what_onnxruntimes_quantiser_makes(quantised_both_ways):
     source_ids = np.random.default_rng(0).integers(4, 100, size=(6, 11)).astype(np.int32)
     results = {
