@@ -47,7 +47,7 @@ class Checkpoint:
         return " and ".join(names)
 
     def licence(self):
-        """The licence the checkpoint names, in words ("cc-by-nc-4.0"; "other: NAME (LINK)"),
+        """The licence the checkpoint names, in words ("cc-by-nc-4.0"; "other: NAME LINK"),
         from its model card's front matter or else config.json's `license`; None where
         neither names one."""
         card = _front_matter(self.directory / MODEL_CARD_FILE)
