@@ -24,6 +24,7 @@ from export.int8 import write_int8
 from export.onnx_rewrites import append_outside, optimise_loops, outside_initializer
 from export.serving_graph import WEIGHT_INPUT
 from export.signature import METADATA_FILE, TARGET_PREFIX
+from layers.keras_internals import buffer_view
 from pipeline.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from pipeline.decoding.search_options import OPTIONS_BY_NAME
 
@@ -212,7 +213,7 @@ def _weights_as_initializers(model, variables, weights_file):
     read = [node for node in model.graph.input if node.name in weights]
     weights_file.write_bytes(b"")
     for node in read:
-        array = np.asarray(weights[node.name].value.read_value())  # a view: no copy
+        array = buffer_view(weights[node.name])
         model.graph.initializer.append(outside_initializer(array, node.name, weights_file))
     others = [node for node in model.graph.input if node.name not in weights]
     del model.graph.input[:]

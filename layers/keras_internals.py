@@ -23,10 +23,8 @@ def weights_saved_through_disk():
     convert = saving_lib.backend.convert_to_numpy
 
     def in_place(value):
-        if isinstance(value, saving_lib.backend.Variable):
-            value = value.value
-        if isinstance(value, tf.Variable):
-            value = value.read_value()  # shares the buffer: no copy in eager mode
+        if isinstance(value, (saving_lib.backend.Variable, tf.Variable)):
+            return buffer_view(value)
         return np.asarray(value) if isinstance(value, tf.Tensor) else convert(value)
 
     judge = saving_lib.is_memory_sufficient
@@ -37,6 +35,16 @@ def weights_saved_through_disk():
     finally:
         saving_lib.is_memory_sufficient = judge
         saving_lib.backend.convert_to_numpy = convert
+
+
+def buffer_view(variable):
+    """A read-only NumPy view of a Keras (or TensorFlow) variable's buffer: in eager mode
+    reading a variable shares its buffer, where `variable.numpy()` and `np.array` copy it."""
+    import keras
+    import numpy as np
+
+    value = variable.value if isinstance(variable, keras.Variable) else variable
+    return np.asarray(value.read_value())
 
 
 def unscale_loss_for_distribution(loss):
